@@ -1,0 +1,325 @@
+"""The Transformer encoder block, Pre-LN or Post-LN, with a hand-written backward.
+
+    Pre-LN  (Xiong et al. 2020, arXiv 2002.04745):  h = x + Attn(LN1(x));   y = h + MLP(LN2(h))
+    Post-LN (Vaswani et al. 2017, arXiv 1706.03762): h = LN1(x + Attn(x));   y = LN2(h + MLP(h))
+
+Parameters carry the names and layouts of ``torch.nn.TransformerEncoderLayer(batch_first=True)``,
+and given the same weights the block computes the same output and gradients. The backward is the
+forward read from the bottom up; each line says which forward line it undoes.
+
+Default initialisation is PyTorch's:
+    self_attn.in_proj_weight   Xavier uniform, U(+-sqrt(6 / (E + 3E)))
+    self_attn.in_proj_bias     0
+    self_attn.out_proj.weight  U(+-1/sqrt(E))   (nn.Linear: Kaiming uniform with a = sqrt 5)
+    self_attn.out_proj.bias    0
+    linear1.weight, .bias      U(+-1/sqrt(E))
+    linear2.weight, .bias      U(+-1/sqrt(F))
+    norm1, norm2               weight 1, bias 0
+"""
+from typing import NamedTuple
+
+import numpy as np
+
+from .checks import as_array, check_input, check_mask, check_same_shape
+from .config import BlockConfig
+from .ops import (activation_backward, activation_forward, attention_backward, attention_forward,
+                  dropout_backward, dropout_forward, flash_attention_forward, layer_norm_backward,
+                  layer_norm_forward, linear_backward, linear_forward, merge_heads, split_heads)
+from .ops.attention import AttentionCache
+from .precision import Watch, resolve_dtype, resolve_policy
+
+
+def param_shapes(config):
+    """The 12 state-dict keys of nn.TransformerEncoderLayer and their shapes (E = D, F = d_ff)."""
+    E, F = config.d_model, config.d_ff
+    return {
+        "self_attn.in_proj_weight": (3 * E, E),   # rows [q; k; v]
+        "self_attn.in_proj_bias": (3 * E,),
+        "self_attn.out_proj.weight": (E, E),
+        "self_attn.out_proj.bias": (E,),
+        "linear1.weight": (F, E),
+        "linear1.bias": (F,),
+        "linear2.weight": (E, F),
+        "linear2.bias": (E,),
+        "norm1.weight": (E,),
+        "norm1.bias": (E,),
+        "norm2.weight": (E,),
+        "norm2.bias": (E,),
+    }
+
+
+def init_params(config, rng, dtype):
+    """PyTorch's default initialisation (see the module docstring), drawn in float64, then cast."""
+    E, F = config.d_model, config.d_ff
+    u = lambda bound, shape: rng.uniform(-bound, bound, size=shape)
+    params = {
+        "self_attn.in_proj_weight": u(np.sqrt(6.0 / (E + 3 * E)), (3 * E, E)),
+        "self_attn.in_proj_bias": np.zeros(3 * E),
+        "self_attn.out_proj.weight": u(1 / np.sqrt(E), (E, E)),
+        "self_attn.out_proj.bias": np.zeros(E),
+        "linear1.weight": u(1 / np.sqrt(E), (F, E)),
+        "linear1.bias": u(1 / np.sqrt(E), (F,)),
+        "linear2.weight": u(1 / np.sqrt(F), (E, F)),
+        "linear2.bias": u(1 / np.sqrt(F), (E,)),
+        "norm1.weight": np.ones(E), "norm1.bias": np.zeros(E),
+        "norm2.weight": np.ones(E), "norm2.bias": np.zeros(E),
+    }
+    return {k: v.astype(dtype) for k, v in params.items()}
+
+
+class AttnBlockCache(NamedTuple):
+    in_proj: tuple    # LinearCache of qkv = h @ W_in.T + b_in
+    sdpa: tuple       # AttentionCache
+    out_proj: tuple   # LinearCache of a = o @ W_out.T + b_out
+    drop_mask: object  # dropout1 mask, (B, S, D) bool or None
+
+
+class MLPCache(NamedTuple):
+    linear1: tuple
+    act: tuple
+    hidden_mask: object  # dropout mask of the hidden layer, (B, S, F) bool or None
+    linear2: tuple
+    drop_mask: object    # dropout2 mask, (B, S, D) bool or None
+
+
+class BlockCache(NamedTuple):
+    shape: tuple  # (B, S, D) of the input
+    ln1: tuple
+    attn: AttnBlockCache
+    ln2: tuple
+    mlp: MLPCache
+
+
+class TransformerBlock:
+    """One Pre-LN or Post-LN encoder block; see :class:`preln.BlockConfig` and DESIGN.md.
+
+    dtype: float64 | float32 | float16 | bfloat16 -- parameters and activations are stored in it.
+    seed: seeds the ``np.random.Generator`` (``block.rng``) used for initialisation and dropout.
+    policy: "safe" | "naive" | a :class:`preln.Policy` -- where 16-bit arithmetic happens.
+    check_finite: raise FloatingPointError naming the first op whose output is not finite.
+    trace: record that op in ``block.overflow`` (an :class:`preln.Overflow`, or None) without raising.
+    attention: "auto" (tiled in eval mode, plain in training mode), "plain" or "tiled".
+    """
+
+    def __init__(self, config, dtype=np.float32, seed=0, policy="safe", check_finite=False,
+                 trace=False, attention="auto"):
+        if not isinstance(config, BlockConfig):
+            raise TypeError(f"config: expected a preln.BlockConfig; got {type(config).__name__}")
+        if attention not in ("auto", "plain", "tiled"):
+            raise ValueError(f"attention: expected 'auto', 'plain' or 'tiled'; got {attention!r}")
+        self.config = config
+        self.dtype = resolve_dtype(dtype)
+        self.policy = resolve_policy(policy)
+        self.check_finite = bool(check_finite)
+        self.trace = bool(trace)
+        self.attention = attention
+        self.rng = np.random.default_rng(seed)
+        self.params = init_params(config, self.rng, self.dtype)
+        self.grads = {k: np.zeros_like(v) for k, v in self.params.items()}
+        self.training = True          # as a fresh torch.nn.Module
+        self.overflow = None          # set by forward when trace or check_finite is on
+        self._cache = None
+
+    # ---- mode, gradients, state ----------------------------------------------------------------
+    def train(self, mode=True):
+        self.training = bool(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def zero_grad(self):
+        for g in self.grads.values():
+            g[...] = 0
+
+    def state_dict(self):
+        """A copy of the 12 parameters, keyed and shaped as nn.TransformerEncoderLayer's."""
+        return {k: v.copy() for k, v in self.params.items()}
+
+    def load_state_dict(self, state_dict):
+        """Load parameters (numpy arrays or torch tensors); strict: every key, no extra, exact shapes."""
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"state_dict: expected a dict of arrays; got {type(state_dict).__name__}")
+        shapes = param_shapes(self.config)
+        missing = [k for k in shapes if k not in state_dict]
+        extra = [k for k in state_dict if k not in shapes]
+        if missing:
+            raise KeyError(f"state_dict: missing key {missing[0]!r} (missing: {missing}); "
+                           f"expected the keys {list(shapes)}")
+        if extra:
+            raise KeyError(f"state_dict: unexpected key {extra[0]!r} (extra: {extra}); "
+                           f"expected the keys {list(shapes)}")
+        new = {}
+        for k, shape in shapes.items():
+            a = as_array(state_dict[k], f"state_dict[{k!r}]")
+            if a.shape != shape:
+                raise ValueError(f"state_dict[{k!r}]: expected shape {shape}; got {a.shape}")
+            new[k] = a.astype(self.dtype, copy=True)
+        self.params = new
+        self.grads = {k: np.zeros_like(v) for k, v in new.items()}
+
+    def cache_nbytes(self):
+        """Bytes the last forward keeps for the backward (activations only, parameters excluded)."""
+        if self._cache is None:
+            return 0
+        param_ids = {id(p) for p in self.params.values()}
+        seen, total = set(), 0
+        stack = [self._cache]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, tuple):
+                stack.extend(item)
+            elif isinstance(item, np.ndarray):
+                while item.base is not None and isinstance(item.base, np.ndarray):
+                    item = item.base   # views (q, k, v of qkv) share their base's memory
+                if id(item) not in seen and id(item) not in param_ids:
+                    seen.add(id(item))
+                    total += item.nbytes
+        return total
+
+    # ---- forward ---------------------------------------------------------------------------------
+    def __call__(self, x, key_padding_mask=None):
+        return self.forward(x, key_padding_mask)
+
+    def forward(self, x, key_padding_mask=None):
+        """x: (B, S, D); key_padding_mask: (B, S) bool, True = padding key -> y: (B, S, D)."""
+        x = check_input(x, self.config.d_model, self.dtype)      # (B, S, D)
+        kpm = check_mask(key_padding_mask, x.shape)
+        watch = Watch(enabled=self.trace, raise_error=self.check_finite)
+        self._cache = None
+        with np.errstate(all="ignore"):   # non-finite values are the Watch's to report
+            if self.config.norm_first:                            # Pre-LN
+                h1, ln1 = self._norm("norm1", x, watch)           # h1 = LN1(x)
+                a, attn = self._attention(h1, kpm, watch)         # a  = Attn(h1)
+                x1 = watch("residual1", x + a, x, a)              # x1 = x + a
+                h2, ln2 = self._norm("norm2", x1, watch)          # h2 = LN2(x1)
+                m, mlp = self._mlp(h2, watch)                     # m  = MLP(h2)
+                y = watch("residual2", x1 + m, x1, m)             # y  = x1 + m
+            else:                                                 # Post-LN
+                a, attn = self._attention(x, kpm, watch)          # a  = Attn(x)
+                r1 = watch("residual1", x + a, x, a)              # r1 = x + a
+                x1, ln1 = self._norm("norm1", r1, watch)          # x1 = LN1(r1)
+                m, mlp = self._mlp(x1, watch)                     # m  = MLP(x1)
+                r2 = watch("residual2", x1 + m, x1, m)            # r2 = x1 + m
+                y, ln2 = self._norm("norm2", r2, watch)           # y  = LN2(r2)
+        self.overflow = watch.first
+        self._cache = BlockCache(x.shape, ln1, attn, ln2, mlp)
+        return y
+
+    def _norm(self, name, x, watch):
+        p = self.params
+        y, cache = layer_norm_forward(x, p[f"{name}.weight"], p[f"{name}.bias"], self.config.eps,
+                                      self.policy, watch.scope(name))
+        return watch(name, y, x), cache
+
+    def _drop_p(self):
+        return self.config.dropout if self.training else 0.0
+
+    def _attention(self, h, kpm, watch):  # (B, S, D) -> (B, S, D)
+        p, cfg, pol = self.params, self.config, self.policy
+        qkv, c_in = linear_forward(h, p["self_attn.in_proj_weight"], p["self_attn.in_proj_bias"], pol)
+        watch("attn.in_proj", qkv, h)                             # (B, S, 3D)
+        q, k, v = (split_heads(t, cfg.n_heads) for t in np.split(qkv, 3, axis=-1))  # 3 x (B, H, S, d_h)
+        tiled = self.attention == "tiled" or (self.attention == "auto" and not self.training)
+        if tiled:   # never holds the (B, H, S, S) scores; the backward recomputes P
+            o = flash_attention_forward(q, k, v, kpm, cfg.causal, pol, watch.scope("attn"))
+            c_sdpa = AttentionCache(q, k, v, None, None, 0.0, kpm, cfg.causal, pol)
+        else:
+            o, c_sdpa = attention_forward(q, k, v, kpm, cfg.causal, self._drop_p(), self.rng, pol,
+                                          watch.scope("attn"))
+        o = merge_heads(o)                                        # (B, S, D)
+        a, c_out = linear_forward(o, p["self_attn.out_proj.weight"], p["self_attn.out_proj.bias"], pol)
+        watch("attn.out_proj", a, o)
+        a, mask = dropout_forward(a, self._drop_p(), self.rng)    # dropout1
+        return a, AttnBlockCache(c_in, c_sdpa, c_out, mask)
+
+    def _mlp(self, h, watch):  # (B, S, D) -> (B, S, D)
+        p, cfg, pol = self.params, self.config, self.policy
+        u, c1 = linear_forward(h, p["linear1.weight"], p["linear1.bias"], pol)   # (B, S, F)
+        watch("mlp.linear1", u, h)
+        g, c_act = activation_forward(u, cfg.activation)
+        watch(f"mlp.{cfg.activation}", g, u)
+        g, hidden_mask = dropout_forward(g, self._drop_p(), self.rng)            # dropout
+        z, c2 = linear_forward(g, p["linear2.weight"], p["linear2.bias"], pol)   # (B, S, D)
+        watch("mlp.linear2", z, g)
+        z, mask = dropout_forward(z, self._drop_p(), self.rng)                   # dropout2
+        return z, MLPCache(c1, c_act, hidden_mask, c2, mask)
+
+    # ---- backward: the forward read from the bottom up -----------------------------------------
+    def backward(self, dy):
+        """dy = dL/dy, (B, S, D) -> dL/dx, (B, S, D); adds dL/dparam into ``self.grads``."""
+        if self._cache is None:
+            raise RuntimeError("backward: no forward to differentiate; call block(x) first "
+                               "(a forward that raised leaves nothing to differentiate)")
+        c = self._cache
+        dy = check_same_shape(dy, c.shape, "dy").astype(self.dtype, copy=False)
+        with np.errstate(all="ignore"):
+            if self.config.norm_first:                            # Pre-LN
+                dx1 = dy + self._norm_backward("norm2",           # y = x1 + MLP(LN2(x1))
+                                               self._mlp_backward(dy, c.mlp), c.ln2)
+                dx = dx1 + self._norm_backward("norm1",           # x1 = x + Attn(LN1(x))
+                                               self._attention_backward(dx1, c.attn), c.ln1)
+            else:                                                 # Post-LN
+                dr2 = self._norm_backward("norm2", dy, c.ln2)     # y = LN2(r2)
+                dx1 = dr2 + self._mlp_backward(dr2, c.mlp)        # r2 = x1 + MLP(x1)
+                dr1 = self._norm_backward("norm1", dx1, c.ln1)    # x1 = LN1(r1)
+                dx = dr1 + self._attention_backward(dr1, c.attn)  # r1 = x + Attn(x)
+        return dx
+
+    def _accumulate(self, name, grad):
+        self.grads[name] += grad   # gradients add up over backward calls, as in PyTorch
+
+    def _norm_backward(self, name, dy, cache):
+        dx, dgamma, dbeta = layer_norm_backward(dy, cache, self.policy)
+        self._accumulate(f"{name}.weight", dgamma)
+        self._accumulate(f"{name}.bias", dbeta)
+        return dx
+
+    def _attention_backward(self, da, c):  # (B, S, D) -> (B, S, D)
+        cfg, pol = self.config, self.policy
+        da = dropout_backward(da, c.drop_mask, cfg.dropout)                      # dropout1
+        do, dw, db = linear_backward(da, c.out_proj, pol)                        # a = o W_out^T + b
+        self._accumulate("self_attn.out_proj.weight", dw)
+        self._accumulate("self_attn.out_proj.bias", db)
+        dq, dk, dv = attention_backward(split_heads(do, cfg.n_heads), c.sdpa)    # o = attn(q, k, v)
+        dqkv = np.concatenate([merge_heads(dq), merge_heads(dk), merge_heads(dv)], axis=-1)  # (B, S, 3D)
+        dh, dw, db = linear_backward(dqkv, c.in_proj, pol)                       # qkv = h W_in^T + b
+        self._accumulate("self_attn.in_proj_weight", dw)
+        self._accumulate("self_attn.in_proj_bias", db)
+        return dh
+
+    def _mlp_backward(self, dz, c):  # (B, S, D) -> (B, S, D)
+        p_drop, pol = self.config.dropout, self.policy
+        dz = dropout_backward(dz, c.drop_mask, p_drop)                           # dropout2
+        dg, dw, db = linear_backward(dz, c.linear2, pol)                         # z = g W2^T + b2
+        self._accumulate("linear2.weight", dw)
+        self._accumulate("linear2.bias", db)
+        dg = dropout_backward(dg, c.hidden_mask, p_drop)                         # dropout
+        du = activation_backward(dg, c.act)                                      # g = act(u)
+        dh, dw, db = linear_backward(du, c.linear1, pol)                         # u = h W1^T + b1
+        self._accumulate("linear1.weight", dw)
+        self._accumulate("linear1.bias", db)
+        return dh
+
+
+def default_heads(d_model):
+    """The largest of 8, 4, 2 heads that divides d_model with d_h >= 8; else 1."""
+    for h in (8, 4, 2):
+        if d_model % h == 0 and d_model // h >= 8:
+            return h
+    return 1
+
+
+class PreLNTransformerBlock(TransformerBlock):
+    """A Pre-LN block from its width alone: ``PreLNTransformerBlock(d_model=16).forward(x)``.
+
+    n_heads defaults to :func:`default_heads`, d_ff to 4 d_model, dtype to float64; other keywords
+    go to :class:`BlockConfig` (activation, dropout, eps, causal).
+    """
+
+    def __init__(self, d_model=64, n_heads=None, d_ff=None, dtype=np.float64, seed=0, **config):
+        if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
+            raise ValueError(f"d_model: expected a positive int; got {d_model!r}")
+        cfg = BlockConfig(d_model=d_model, n_heads=n_heads or default_heads(d_model),
+                          d_ff=d_ff or 4 * d_model, norm_first=True, **config)
+        super().__init__(cfg, dtype=dtype, seed=seed)

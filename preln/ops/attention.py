@@ -1,0 +1,149 @@
+"""Multi-head scaled dot-product attention (Vaswani et al. 2017), plain and tiled.
+
+    S = (Q / sqrt(d_h)) K^T + mask;   P = softmax(S);   O = dropout(P) V
+
+The plain path keeps P, (B, H, S, S), for the backward. The tiled path (FlashAttention, Dao et al.
+2022, arXiv 2205.14135) walks key tiles with the online-softmax recurrence and never holds more
+than one (B, H, Tq, Tk) tile of scores; it is what eval mode runs.
+"""
+from typing import NamedTuple
+
+import numpy as np
+
+from ..precision import SAFE, compute_dtype, no_watch
+from .dropout import dropout_backward, dropout_forward
+from .softmax import softmax_backward, softmax_forward
+
+#: tile sizes of the tiled path: big enough that numpy's per-call overhead is amortised
+Q_TILE = 256
+K_TILE = 512
+
+
+def split_heads(x, n_heads):  # (B, S, D) -> (B, H, S, d_h)
+    B, S, D = x.shape
+    return x.reshape(B, S, n_heads, D // n_heads).transpose(0, 2, 1, 3)
+
+
+def merge_heads(x):  # (B, H, S, d_h) -> (B, S, D)
+    B, H, S, dh = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(B, S, H * dh)
+
+
+def mask_bias(key_padding_mask=None, causal=False, q_len=0, k_len=0, q0=0, k0=0):
+    """Additive float32 mask for query rows q0:q0+q_len and key columns k0:k0+k_len, or None.
+
+    Broadcastable to (B, 1, q_len, k_len): -inf where a key is padding (key_padding_mask True) or,
+    with causal, where the key comes after the query; 0 elsewhere.
+    """
+    bias = None
+    if key_padding_mask is not None:
+        pad = key_padding_mask[:, None, None, k0:k0 + k_len]          # (B, 1, 1, Tk)
+        bias = np.where(pad, np.float32(-np.inf), np.float32(0))
+    if causal:
+        i = np.arange(q0, q0 + q_len)[:, None]
+        j = np.arange(k0, k0 + k_len)[None, :]
+        c = np.where(j > i, np.float32(-np.inf), np.float32(0))       # (Tq, Tk)
+        bias = c if bias is None else bias + c                        # (B, 1, Tq, Tk)
+    return bias
+
+
+class AttentionCache(NamedTuple):
+    q: np.ndarray            # (B, H, S, d_h)
+    k: np.ndarray            # (B, H, S, d_h)
+    v: np.ndarray            # (B, H, S, d_h)
+    p: np.ndarray            # (B, H, S, S) softmax probabilities, or None (recomputed in backward)
+    drop_mask: np.ndarray    # (B, H, S, S) bool, or None without dropout
+    dropout_p: float
+    key_padding_mask: np.ndarray
+    causal: bool
+    policy: object
+
+
+def _scores(q, k, policy, ct):  # (B, H, Sq, d_h), (B, H, Sk, d_h) -> (B, H, Sq, Sk)
+    scale = ct.type(1.0 / np.sqrt(q.shape[-1]))
+    qc, kt = q.astype(ct, copy=False), k.astype(ct, copy=False).swapaxes(-1, -2)
+    if policy.prescale_queries:
+        return (qc * scale) @ kt
+    return (qc @ kt) * scale                                          # the logits exist unscaled first
+
+
+def attention_forward(q, k, v, key_padding_mask=None, causal=False, dropout_p=0.0, rng=None,
+                      policy=SAFE, watch=no_watch, keep_probs=True):
+    """Plain attention. q, k, v: (B, H, S, d_h) -> (out (B, H, S, d_h), cache).
+
+    key_padding_mask: (B, S) bool, True = padding key. With ``keep_probs=False`` P is not cached
+    and the backward recomputes it.
+    """
+    ct = compute_dtype(q.dtype, policy)
+    s = watch("scores", _scores(q, k, policy, ct), q, k)              # (B, H, S, S)
+    bias = mask_bias(key_padding_mask, causal, q.shape[2], k.shape[2])
+    if bias is not None:
+        s = s + bias.astype(ct, copy=False)
+    p, _ = softmax_forward(s, -1, policy, watch)                      # (B, H, S, S)
+    pd, drop_mask = dropout_forward(p, dropout_p, rng)
+    out = watch("weighted_sum", pd @ v.astype(ct, copy=False), pd, v)  # (B, H, S, d_h)
+    cache = AttentionCache(q, k, v, p.astype(q.dtype, copy=False) if keep_probs else None,
+                           drop_mask, dropout_p, key_padding_mask, causal, policy)
+    return out.astype(q.dtype, copy=False), cache
+
+
+def attention_backward(dout, cache):  # (B, H, S, d_h) -> dq, dk, dv, each (B, H, S, d_h)
+    """dV = P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(P * dP));  dQ = tau dS K;  dK = tau dS^T Q."""
+    q, k, v, p, drop_mask, dropout_p, kpm, causal, policy = cache
+    ct = compute_dtype(dout.dtype, policy)
+    if p is None:                                                     # recompute P (eval-mode cache)
+        s = _scores(q, k, policy, ct)
+        bias = mask_bias(kpm, causal, q.shape[2], k.shape[2])
+        p, _ = softmax_forward(s if bias is None else s + bias.astype(ct), -1, policy)
+    doc = dout.astype(ct, copy=False)
+    pc = p.astype(ct, copy=False)
+    pd, _ = dropout_forward(pc, dropout_p, None, drop_mask)           # out = dropout(P) V
+    dv = pd.swapaxes(-1, -2) @ doc                                    # (B, H, S, d_h)
+    dpd = doc @ v.astype(ct, copy=False).swapaxes(-1, -2)             # (B, H, S, S)
+    dp = dropout_backward(dpd, drop_mask, dropout_p)
+    ds = softmax_backward(dp, pc, -1, policy)                         # P = softmax(S)
+    tau = ct.type(1.0 / np.sqrt(q.shape[-1]))
+    dq = (ds @ k.astype(ct, copy=False)) * tau                        # S = tau Q K^T
+    dk = (ds.swapaxes(-1, -2) @ q.astype(ct, copy=False)) * tau
+    dt = dout.dtype
+    return dq.astype(dt, copy=False), dk.astype(dt, copy=False), dv.astype(dt, copy=False)
+
+
+def flash_attention_forward(q, k, v, key_padding_mask=None, causal=False, policy=SAFE,
+                            watch=no_watch, q_tile=Q_TILE, k_tile=K_TILE):
+    """Tiled attention with the online softmax; q, k, v: (B, H, S, d_h) -> (B, H, S, d_h).
+
+    For each query tile, over key tiles j (NUMBERS.md, FlashAttention):
+        S_j = Q K_j^T;  m' = max(m, rowmax(S_j));  P_j = exp(S_j - m')
+        l' = e^(m - m') l + rowsum(P_j);  O' = e^(m - m') O + P_j V_j;  finally O / l.
+    Extra memory: one (B, H, q_tile, k_tile) tile plus (m, l, O) for the query tile.
+    """
+    ct = compute_dtype(q.dtype, policy)
+    B, H, Sq, dh = q.shape
+    Sk = k.shape[2]
+    out = np.empty(q.shape, dtype=q.dtype)
+    for i0 in range(0, Sq, q_tile):
+        i1 = min(i0 + q_tile, Sq)
+        qi = q[:, :, i0:i1]
+        m = np.full((B, H, i1 - i0, 1), -np.inf, dtype=ct)           # running row max
+        l = np.zeros((B, H, i1 - i0, 1), dtype=ct)                    # running row sum of exp
+        o = np.zeros((B, H, i1 - i0, dh), dtype=ct)                   # running unnormalised output
+        k_end = min(Sk, i1) if causal else Sk                         # causal: later keys are all masked
+        for j0 in range(0, k_end, k_tile):
+            j1 = min(j0 + k_tile, k_end)
+            s = watch("scores", _scores(qi, k[:, :, j0:j1], policy, ct), qi, k)  # (B, H, Tq, Tk)
+            bias = mask_bias(key_padding_mask, causal, i1 - i0, j1 - j0, i0, j0)
+            if bias is not None:
+                s += bias.astype(ct, copy=False)
+            if policy.subtract_max:
+                m_new = np.maximum(m, s.max(axis=-1, keepdims=True))  # (B, H, Tq, 1)
+                shift = np.where(np.isfinite(m_new), m_new, 0)        # no visible key yet: exp(-inf) = 0
+            else:
+                m_new = shift = np.zeros_like(m)                      # naive: exp of the raw logits
+            p = watch("exp", np.exp(s - shift), s)                    # (B, H, Tq, Tk)
+            alpha = np.exp(m - shift)                                 # rescales the tiles before; 0 at m = -inf
+            l = alpha * l + p.sum(axis=-1, keepdims=True, dtype=ct)
+            o = alpha * o + p @ v[:, :, j0:j1].astype(ct, copy=False)
+            m = m_new
+        out[:, :, i0:i1] = watch("normalize", o / np.where(l == 0, 1, l), o)  # fully masked: 0
+    return out
