@@ -1,19 +1,29 @@
 # preln — one entry point for readers, learners, instructors and CI.
-#   make book        create .venv, install, build the site into _build/html
-#   make test        everything CI checks: unit tests, notebooks (nbval), strict build, browser tests
-#   make lab         JupyterLab on book/ with preln importable
-#   make notebooks   re-execute every notebook in book/ in place (stores fresh outputs)
-#   make bench       the benchmark table
+#   make book            create .venv, install, build the site into _build/html (strict: warnings fail)
+#   make test            everything CI checks: unit tests, notebooks (nbval), strict build, browser tests
+#   make test-unit       the package's pytest suite, plus the book-structure and viz tests
+#   make test-notebooks  re-execute every notebook in book/ and compare with its stored outputs
+#   make test-site       build the site, then drive every page with headless Chromium
+#   make lab             JupyterLab on book/ with preln importable
+#   make notebooks       re-execute every notebook in book/ in place (stores fresh outputs)
+#   make bench           the benchmark table
+#   make vendor          re-fetch MathJax, require.js and the widget manager from npm into vendor/
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
+# Every notebook in book/ is a chapter: nbval runs all of them (tests/test_book_structure.py
+# checks that this glob and _toc.yml agree).
 NOTEBOOKS := $(sort $(wildcard book/*.ipynb))
-# nbval: memory addresses and timings differ between runs; the sanitizer file says how to mask them.
-NBVAL  := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-current-env
+# nbval: outputs compared; memory addresses, timings and base64 PNG payloads masked (see the file).
+NBVAL  := -p tests.nbval_history --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-current-env --nbval-cell-timeout=600
+BUILD  := $(BIN)/jupyter-book build --all -W -n --keep-going .
+# Tests and stored notebook outputs run on one BLAS thread: results do not then depend on how
+# many cores a machine has, and the tiled attention's many small matmuls do not wait on idle threads.
+ONE_THREAD := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
-.PHONY: install book test test-unit test-notebooks test-site lab notebooks bench clean
+.PHONY: install book test test-unit test-notebooks test-site lab notebooks bench vendor clean
 
 $(STAMP): requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 is needed, found " + sys.version'
@@ -27,28 +37,41 @@ $(STAMP): requirements.txt pyproject.toml
 install: $(STAMP)
 
 book: install
-	$(BIN)/jupyter-book build --all -W -n --keep-going .
+	$(BIN)/python scripts/vendor_assets.py --check
+	$(BUILD)
 	@echo "The site is in $(CURDIR)/_build/html — open file://$(CURDIR)/_build/html/index.html"
+	@echo "or serve it: $(BIN)/python -m http.server -d _build/html"
 
 test: test-unit test-notebooks test-site
 
 test-unit: install
-	$(BIN)/python -m pytest -q tests --ignore=tests/browser
+	$(ONE_THREAD) $(BIN)/python -m pytest -q tests --ignore=tests/browser
 
 test-notebooks: install
-	$(BIN)/python -m pytest -q $(NBVAL) $(NOTEBOOKS)
+ifeq ($(strip $(NOTEBOOKS)),)
+	@echo "test-notebooks: no notebooks in book/"
+else
+	$(ONE_THREAD) $(BIN)/python -m pytest -q -p no:cacheprovider $(NBVAL) $(NOTEBOOKS)
+endif
 
 test-site: book
-	$(BIN)/python -m pytest -q tests/browser
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m browser tests/browser
+	@echo "Screenshots of every page: $(CURDIR)/_build/screenshots/"
 
 lab: install
-	$(BIN)/jupyter lab book/
+	PYTHONPATH=$(CURDIR) $(BIN)/jupyter lab --notebook-dir=book
 
 notebooks: install
-	$(BIN)/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.timeout=600 $(NOTEBOOKS)
+ifneq ($(strip $(NOTEBOOKS)),)
+	$(ONE_THREAD) $(BIN)/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.timeout=600 \
+	  --ExecutePreprocessor.kernel_name=python3 $(NOTEBOOKS)
+endif
 
 bench: install
 	$(BIN)/python -m preln.bench
+
+vendor:
+	$(PYTHON) scripts/vendor_assets.py
 
 clean:
 	rm -rf _build .pytest_cache

@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .checks import as_array, check_input, check_mask, check_same_shape
+from .checks import check_float_array, check_input, check_mask, check_same_shape
 from .config import BlockConfig
 from .ops import (activation_backward, activation_forward, attention_backward, attention_forward,
                   dropout_backward, dropout_forward, flash_attention_forward, layer_norm_backward,
@@ -151,7 +151,7 @@ class TransformerBlock:
                            f"expected the keys {list(shapes)}")
         new = {}
         for k, shape in shapes.items():
-            a = as_array(state_dict[k], f"state_dict[{k!r}]")
+            a = check_float_array(state_dict[k], f"state_dict[{k!r}]")
             if a.shape != shape:
                 raise ValueError(f"state_dict[{k!r}]: expected shape {shape}; got {a.shape}")
             new[k] = a.astype(self.dtype, copy=True)
@@ -183,10 +183,10 @@ class TransformerBlock:
 
     def forward(self, x, key_padding_mask=None):
         """x: (B, S, D); key_padding_mask: (B, S) bool, True = padding key -> y: (B, S, D)."""
+        self._cache = None                                        # a forward that raises leaves no cache
         x = check_input(x, self.config.d_model, self.dtype)      # (B, S, D)
         kpm = check_mask(key_padding_mask, x.shape)
         watch = Watch(enabled=self.trace, raise_error=self.check_finite)
-        self._cache = None
         with np.errstate(all="ignore"):   # non-finite values are the Watch's to report
             if self.config.norm_first:                            # Pre-LN
                 h1, ln1 = self._norm("norm1", x, watch)           # h1 = LN1(x)
@@ -281,8 +281,9 @@ class TransformerBlock:
         do, dw, db = linear_backward(da, c.out_proj, pol)                        # a = o W_out^T + b
         self._accumulate("self_attn.out_proj.weight", dw)
         self._accumulate("self_attn.out_proj.bias", db)
-        dq, dk, dv = attention_backward(split_heads(do, cfg.n_heads), c.sdpa)    # o = attn(q, k, v)
-        dqkv = np.concatenate([merge_heads(dq), merge_heads(dk), merge_heads(dv)], axis=-1)  # (B, S, 3D)
+        dqkv = np.empty(do.shape[:-1] + (3 * do.shape[-1],), dtype=do.dtype)     # (B, S, 3D), as qkv
+        dq, dk, dv = (split_heads(t, cfg.n_heads) for t in np.split(dqkv, 3, axis=-1))  # 3 views (B, H, S, d_h)
+        attention_backward(split_heads(do, cfg.n_heads), c.sdpa, out=(dq, dk, dv))  # o = attn(q, k, v)
         dh, dw, db = linear_backward(dqkv, c.in_proj, pol)                       # qkv = h W_in^T + b
         self._accumulate("self_attn.in_proj_weight", dw)
         self._accumulate("self_attn.in_proj_bias", db)

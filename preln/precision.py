@@ -10,7 +10,14 @@ The *policy* says where arithmetic happens:
   attention logits are scaled after the product -- it exists to show how 16-bit formats fail.
 
 Single fixes can be turned on one at a time with ``Policy(...)``, which is what the precision
-chapter does. The tracer (:class:`Watch`) reports the first op whose output is not finite.
+chapter does.
+
+What "naive" can and cannot show: its matmuls and sums are numpy's own 16-bit kernels. Their
+results are rounded to the storage dtype, so they overflow exactly when a real 16-bit unit would
+(a sum of squares past 65504 is inf), but numpy carries partial sums more precisely than a plain
+16-bit accumulator (pairwise summation; float32 inner loops for float16 matmul; ml_dtypes promotes
+bfloat16 matmul to float32). Naive *rounding errors* are therefore an optimistic bound; naive
+*overflows* are the real ones. The tracer (:class:`Watch`) reports the first op whose output is not finite.
 """
 from __future__ import annotations
 
@@ -32,7 +39,7 @@ def resolve_dtype(dtype, name="dtype"):
         dt = np.dtype(_DTYPE_NAMES.get(dtype, dtype)) if not isinstance(dtype, np.dtype) else dtype
     except TypeError:
         dt = None
-    if dt not in SUPPORTED_DTYPES:
+    if dt is None or dt not in SUPPORTED_DTYPES:   # (None == float64 to numpy: test it first)
         raise TypeError(
             f"{name}: expected one of float64, float32, float16, bfloat16; got {dtype!r}")
     return dt

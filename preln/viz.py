@@ -113,15 +113,24 @@ _SEEN: dict[str, int] = {}   # same content shown twice in one kernel -> distinc
 class Explorable:
     """Precomputed frames of ``plot`` over every combination of ``controls``.
 
+    Made by :func:`explorable`. Displays (``_repr_html_``) as kernel-free HTML.
+
     Attributes
     ----------
-    names : list[str]                    control names, in the order given
-    values : list[list]                  each control's values
-    frames : dict[tuple[int, ...], bytes]  PNG per index tuple (one index per control)
-    alts : dict[tuple[int, ...], str]      alt text per frame
-    timings : dict[tuple, float]         seconds spent in ``plot(**values)`` per frame, keyed by
-                                         the tuple of *values* (not indices)
-    initial : tuple[int, ...]            index of the frame shown first
+    names : list
+        The control names, in the order given.
+    values : list
+        Each control's list of values.
+    frames : dict
+        PNG bytes per frame, keyed by the tuple of value indices (one index per control).
+    alts : dict
+        Alt text per frame, with the same keys as ``frames``.
+    timings : dict
+        Seconds spent in ``plot(**values)`` per frame, keyed by the tuple of *values*.
+    initial : tuple
+        Indices of the frame shown first.
+    id : str
+        The HTML id of the snippet (stable across re-execution).
     """
 
     def __init__(self, plot: Callable[..., Any], controls: Mapping[str, Sequence[Any]], *,
@@ -169,8 +178,10 @@ class Explorable:
             self.timings[tuple(kwargs.values())] = seconds
             self.alts[idx] = self._alt_text(kwargs)
 
-        digest = hashlib.sha256(repr((title, self.names, [[_label(v) for v in vals] for vals in self.values])).encode()
-                                + b"".join(self.frames.values())).hexdigest()[:12]
+        # The id depends on what the figure says (title, controls, alt texts), not on its pixels,
+        # so it is stable even where a different CPU or BLAS moves an anti-aliased pixel.
+        digest = hashlib.sha256(repr((title, self.names, [[_label(v) for v in vals] for vals in self.values],
+                                      sorted(self.alts.items()))).encode()).hexdigest()[:12]
         _SEEN[digest] = _SEEN.get(digest, 0) + 1
         self.id = f"preln-explorable-{digest}" + (f"-{_SEEN[digest]}" if _SEEN[digest] > 1 else "")
 
@@ -298,23 +309,24 @@ def explorable(plot: Callable[..., Any], controls: Mapping[str, Sequence[Any]], 
 
     Parameters
     ----------
-    plot : callable(**values) -> matplotlib.figure.Figure
-        Pure: the real computation from ``preln`` plus the plotting. Called once per frame; its
-        figure is rendered to PNG and closed.
-    controls : dict name -> list of values
-        1 to 3 controls; the product of their lengths is at most ``MAX_FRAMES``. A numeric list
-        becomes a slider, anything else a drop-down.
-    alt : str or callable(**values) -> str
-        Descriptive alt text for each frame (what the figure shows, not "a plot"). A str is used
-        for every frame with the control settings appended.
+    plot : callable
+        ``plot(**values) -> matplotlib Figure``. Pure: the real computation from ``preln`` plus
+        the plotting. Called once per frame; its figure is rendered to PNG and closed.
+    controls : dict
+        Control name -> list of values. 1 to 3 controls; the product of their lengths is at most
+        ``MAX_FRAMES``. A numeric list becomes a slider, anything else a drop-down.
+    alt : str or callable
+        Descriptive alt text for each frame (what the figure shows, not "a plot"): a function
+        ``alt(**values) -> str``, or a str used for every frame with the settings appended.
     title : str, optional
         Shown above the controls.
-    initial : dict name -> value, optional
-        The frame shown first (and on a page without scripts); default: each control's first value.
+    initial : dict, optional
+        Control name -> value of the frame shown first (and on a page without scripts);
+        by default each control's first value.
 
     Returns
     -------
     Explorable
-        Displays as kernel-free HTML; ``.live()`` gives an ipywidgets version; ``.timings``.
+        Displays as kernel-free HTML; ``.live()`` gives the ipywidgets version; ``.timings``.
     """
     return Explorable(plot, controls, alt=alt, title=title, initial=initial)

@@ -78,7 +78,7 @@ def attention_forward(q, k, v, key_padding_mask=None, causal=False, dropout_p=0.
     s = watch("scores", _scores(q, k, policy, ct), q, k)              # (B, H, S, S)
     bias = mask_bias(key_padding_mask, causal, q.shape[2], k.shape[2])
     if bias is not None:
-        s = s + bias.astype(ct, copy=False)
+        s += bias.astype(ct, copy=False)                              # s is ours: add in place
     p, _ = softmax_forward(s, -1, policy, watch)                      # (B, H, S, S)
     pd, drop_mask = dropout_forward(p, dropout_p, rng)
     out = watch("weighted_sum", pd @ v.astype(ct, copy=False), pd, v)  # (B, H, S, d_h)
@@ -87,26 +87,39 @@ def attention_forward(q, k, v, key_padding_mask=None, causal=False, dropout_p=0.
     return out.astype(q.dtype, copy=False), cache
 
 
-def attention_backward(dout, cache):  # (B, H, S, d_h) -> dq, dk, dv, each (B, H, S, d_h)
-    """dV = P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(P * dP));  dQ = tau dS K;  dK = tau dS^T Q."""
+def attention_backward(dout, cache, out=None):  # (B, H, S, d_h) -> dq, dk, dv, each (B, H, S, d_h)
+    """dV = P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(P * dP));  dQ = tau dS K;  dK = tau dS^T Q.
+
+    out: optional (dq, dk, dv) arrays, (B, H, S, d_h) each, to write the gradients into and return.
+    The block passes views of one (B, S, 3D) array laid out as qkv, so the matmuls write straight
+    into it and the in-projection's backward needs no concatenate.
+    """
     q, k, v, p, drop_mask, dropout_p, kpm, causal, policy = cache
     ct = compute_dtype(dout.dtype, policy)
     if p is None:                                                     # recompute P (eval-mode cache)
         s = _scores(q, k, policy, ct)
         bias = mask_bias(kpm, causal, q.shape[2], k.shape[2])
         p, _ = softmax_forward(s if bias is None else s + bias.astype(ct), -1, policy)
+    dt = dout.dtype
+    direct = out is not None and ct == dt                             # matmul can write into out itself
+    dq, dk, dv = out if direct else (None, None, None)
     doc = dout.astype(ct, copy=False)
     pc = p.astype(ct, copy=False)
     pd, _ = dropout_forward(pc, dropout_p, None, drop_mask)           # out = dropout(P) V
-    dv = pd.swapaxes(-1, -2) @ doc                                    # (B, H, S, d_h)
+    dv = np.matmul(pd.swapaxes(-1, -2), doc, out=dv)                  # (B, H, S, d_h)
     dpd = doc @ v.astype(ct, copy=False).swapaxes(-1, -2)             # (B, H, S, S)
     dp = dropout_backward(dpd, drop_mask, dropout_p)
     ds = softmax_backward(dp, pc, -1, policy)                         # P = softmax(S)
     tau = ct.type(1.0 / np.sqrt(q.shape[-1]))
-    dq = (ds @ k.astype(ct, copy=False)) * tau                        # S = tau Q K^T
-    dk = (ds.swapaxes(-1, -2) @ q.astype(ct, copy=False)) * tau
-    dt = dout.dtype
-    return dq.astype(dt, copy=False), dk.astype(dt, copy=False), dv.astype(dt, copy=False)
+    dq = np.matmul(ds, k.astype(ct, copy=False), out=dq)              # S = tau Q K^T
+    dq *= tau
+    dk = np.matmul(ds.swapaxes(-1, -2), q.astype(ct, copy=False), out=dk)
+    dk *= tau
+    grads = tuple(g.astype(dt, copy=False) for g in (dq, dk, dv))
+    if out is not None and not direct:                                # 16-bit storage: round, then copy
+        for dst, g in zip(out, grads):
+            dst[...] = g
+    return tuple(out) if out is not None else grads
 
 
 def flash_attention_forward(q, k, v, key_padding_mask=None, causal=False, policy=SAFE,
@@ -140,7 +153,8 @@ def flash_attention_forward(q, k, v, key_padding_mask=None, causal=False, policy
                 shift = np.where(np.isfinite(m_new), m_new, 0)        # no visible key yet: exp(-inf) = 0
             else:
                 m_new = shift = np.zeros_like(m)                      # naive: exp of the raw logits
-            p = watch("exp", np.exp(s - shift), s)                    # (B, H, Tq, Tk)
+            p = np.subtract(s, shift)                                 # (B, H, Tq, Tk)
+            p = watch("exp", np.exp(p, out=p), s)                     # exp in place: one tile-sized array
             alpha = np.exp(m - shift)                                 # rescales the tiles before; 0 at m = -inf
             l = alpha * l + p.sum(axis=-1, keepdims=True, dtype=ct)
             o = alpha * o + p @ v[:, :, j0:j1].astype(ct, copy=False)

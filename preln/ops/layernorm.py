@@ -30,7 +30,10 @@ def layer_norm_forward(x, gamma, beta, eps=1e-5, policy=SAFE, watch=no_watch):  
     xm = xc - mean
     var = watch("variance", (xm * xm).sum(-1, keepdims=True, dtype=ct) / ct.type(d), x)  # (..., 1)
     rstd = 1 / np.sqrt(var + ct.type(eps))
-    y = xm * rstd * gamma.astype(ct, copy=False) + beta.astype(ct, copy=False)
+    y = xm                                        # xm is not needed again: y is computed in its place
+    y *= rstd
+    y *= gamma.astype(ct, copy=False)
+    y += beta.astype(ct, copy=False)
     return y.astype(x.dtype, copy=False), LayerNormCache(x, gamma, mean, rstd)
 
 
@@ -43,12 +46,17 @@ def layer_norm_backward(dy, cache, policy=SAFE):  # (..., D) -> (..., D), (D,), 
     x, gamma, mean, rstd = cache
     ct = mean.dtype
     dyc = dy.astype(ct, copy=False)
-    xhat = (x.astype(ct, copy=False) - mean) * rstd               # recomputed, not cached
+    xhat = x.astype(ct, copy=False) - mean                        # recomputed, not cached
+    xhat *= rstd
     axes = tuple(range(dy.ndim - 1))
     dgamma = (dyc * xhat).sum(axis=axes, dtype=ct)                # y = xhat * gamma + beta
     dbeta = dyc.sum(axis=axes, dtype=ct)
     g = dyc * gamma.astype(ct, copy=False)                        # dL/dxhat
-    dx = rstd * (g - g.mean(-1, keepdims=True, dtype=ct)
-                 - xhat * (g * xhat).mean(-1, keepdims=True, dtype=ct))
+    g_mean = g.mean(-1, keepdims=True, dtype=ct)                  # (..., 1)
+    gx_mean = (g * xhat).mean(-1, keepdims=True, dtype=ct)        # (..., 1)
+    dx = np.subtract(g, g_mean, out=g)                            # g and xhat are not needed again:
+    xhat *= gx_mean                                               # dx is computed in their memory
+    dx -= xhat
+    dx *= rstd                                                    # rstd (g - mean(g) - xhat mean(g xhat))
     dt = dy.dtype
     return dx.astype(dt, copy=False), dgamma.astype(dt, copy=False), dbeta.astype(dt, copy=False)

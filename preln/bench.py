@@ -1,0 +1,351 @@
+"""The benchmark: a program that prints markdown tables, never a timed assertion.
+
+    python -m preln.bench                      # float32, B,S,D,H,F = 8,256,512,8,2048, all threads
+    python -m preln.bench --threads 1 --seq 512
+    python -m preln.bench --widgets            # time every frame of every explorable (target 100 ms)
+
+Block mode times, for one float32 block on the machine's threads (median over repeats, after
+warm-up): the training-mode forward (dropout 0), the backward, the training step (forward +
+backward) and the eval-mode forward (tiled attention). Each time is compared with
+
+- PyTorch (optional, never a dependency): ``torch.nn.TransformerEncoderLayer`` in float32 with the
+  same weights, ``batch_first=True``, the same number of threads; numpy and torch run interleaved,
+  pair by pair, and the ratio is the median of the per-pair ratios;
+- the block's matmuls alone: the same GEMMs (the four linears and the two attention batched
+  matmuls, forward and backward) done with plain numpy on the same shapes -- the floor that
+  everything else (LayerNorm, softmax, GELU, copies) is added to.
+
+It also reports the peak memory (tracemalloc) of the forward, the training step and the eval
+forward, and ``block.cache_nbytes()``, then PASS/MISS per target.
+"""
+import argparse
+import gc
+import itertools
+import os
+import statistics
+import sys
+import time
+import tracemalloc
+
+import numpy as np
+
+from .block import TransformerBlock
+from .config import BlockConfig
+
+#: (name, pass, reference, limit): the pass's time must be at most limit x the reference's
+TARGETS = (
+    ("training step <= 1.0x PyTorch CPU", "training step", "torch", 1.0),
+    ("eval forward <= 1.3x PyTorch CPU", "eval forward", "torch", 1.3),
+    ("forward <= 1.5x its matmuls alone", "forward", "gemm", 1.5),
+)
+WIDGET_TARGET_MS = 100.0
+_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m preln.bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", "-B", type=int, default=8)
+    ap.add_argument("--seq", "-S", type=int, default=256)
+    ap.add_argument("--d-model", "-D", type=int, default=512)
+    ap.add_argument("--heads", "-H", type=int, default=8)
+    ap.add_argument("--d-ff", "-F", type=int, default=2048)
+    ap.add_argument("--post-ln", action="store_true", help="benchmark the Post-LN block")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="BLAS / torch threads (default: every CPU this process may use)")
+    ap.add_argument("--repeats", type=int, default=10, help="timed runs per measurement")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed runs before them")
+    ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
+    ap.add_argument("--widgets", action="store_true",
+                    help="time the explorables' callbacks instead of the block")
+    return ap.parse_args(argv)
+
+
+def machine_threads():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:   # not Linux
+        return os.cpu_count() or 1
+
+
+def ensure_threads(n, argv):
+    """OpenBLAS reads its thread count when numpy is first imported, which has already happened
+    (``import preln`` imports numpy). So if the environment does not already ask for ``n``
+    threads, restart this program once with it set; torch gets the same number in ``torch_setup``."""
+    if all(os.environ.get(v) == str(n) for v in _THREAD_VARS):
+        return
+    env = dict(os.environ, **{v: str(n) for v in _THREAD_VARS})
+    sys.stdout.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "preln.bench", *argv], env)
+
+
+def blas_name():
+    try:
+        cfg = np.show_config(mode="dicts")
+        blas = cfg["Build Dependencies"]["blas"]
+        return f"{blas.get('name', '?')} {blas.get('version', '')}".strip()
+    except Exception:   # older numpy: no mode="dicts"
+        return "see numpy.show_config()"
+
+
+# ---- timing -------------------------------------------------------------------------------------
+def _time(fn, setup=None):
+    if setup is not None:
+        setup()
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def time_pairs(np_fn, refs, setup_np=None, repeats=10, warmup=2):
+    """Run ``np_fn`` and each reference interleaved, pair by pair, so that a machine busy with
+    something else slows both sides alike. ``refs``: {name: (fn, setup) or None}.
+
+    Returns (median numpy s, {name: median s}, {name: median of the per-pair ratios numpy / ref}).
+    """
+    refs = {k: v for k, v in refs.items() if v is not None}
+    t_np, t_ref, ratios = [], {k: [] for k in refs}, {k: [] for k in refs}
+    for r in range(warmup + repeats):
+        gc.collect()
+        a = _time(np_fn, setup_np)
+        for name, (fn, setup) in refs.items():
+            b = _time(fn, setup)
+            if r >= warmup:
+                t_ref[name].append(b)
+                ratios[name].append(a / b)
+        if r >= warmup:
+            t_np.append(a)
+    med = statistics.median
+    return med(t_np), {k: med(v) for k, v in t_ref.items()}, {k: med(v) for k, v in ratios.items()}
+
+
+def peak_bytes(fn, setup=None):
+    """Peak bytes allocated (tracemalloc; numpy reports its buffers to it) while fn runs."""
+    if setup is not None:
+        setup()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+# ---- the block's GEMMs alone --------------------------------------------------------------------
+def gemm_fns(cfg, B, S, rng):
+    """Two callables doing exactly the forward / backward matmuls of the block, on contiguous
+    float32 arrays of the same shapes, with nothing else around them."""
+    D, H, F = cfg.d_model, cfg.n_heads, cfg.d_ff
+    dh, N = D // H, B * S
+    r = lambda *shape: rng.standard_normal(shape, dtype=np.float32)
+    w_in, w_out, w1, w2 = r(3 * D, D), r(D, D), r(F, D), r(D, F)
+    h, o, g = r(N, D), r(N, D), r(N, F)                         # inputs of the four linears
+    q, k, v = r(B, H, S, dh), r(B, H, S, dh), r(B, H, S, dh)
+    p = r(B, H, S, S)
+    d_qkv, d_a, d_u, d_z = r(N, 3 * D), r(N, D), r(N, F), r(N, D)   # output gradients
+    d_o, d_s = r(B, H, S, dh), r(B, H, S, S)
+
+    def forward():
+        h @ w_in.T                       # qkv  (N, 3D)
+        q @ k.swapaxes(-1, -2)           # scores (B, H, S, S)
+        p @ v                            # o    (B, H, S, d_h)
+        o @ w_out.T                      # a    (N, D)
+        h @ w1.T                         # u    (N, F)
+        g @ w2.T                         # z    (N, D)
+
+    def backward():
+        for dout, x, w in ((d_z, g, w2), (d_u, h, w1), (d_a, o, w_out), (d_qkv, h, w_in)):
+            dout @ w                     # dx
+            dout.T @ x                   # dW
+        p.swapaxes(-1, -2) @ d_o         # dV
+        d_o @ v.swapaxes(-1, -2)         # dP
+        d_s @ k                          # dQ
+        d_s.swapaxes(-1, -2) @ q         # dK
+
+    return forward, backward
+
+
+# ---- PyTorch (optional) -------------------------------------------------------------------------
+def torch_setup(block, threads):
+    """A torch.nn.TransformerEncoderLayer with the block's weights, or (None, reason)."""
+    try:
+        import torch
+    except ImportError:
+        return None, "PyTorch is not installed (it is optional): no ratios to PyTorch"
+    torch.set_num_threads(threads)
+    cfg = block.config
+    layer = torch.nn.TransformerEncoderLayer(
+        cfg.d_model, cfg.n_heads, cfg.d_ff, dropout=0.0,
+        activation={"gelu": "gelu", "relu": "relu"}.get(cfg.activation, "gelu"),
+        layer_norm_eps=cfg.eps, batch_first=True, norm_first=cfg.norm_first, dtype=torch.float32)
+    layer.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in block.state_dict().items()})
+    return layer, f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+
+
+# ---- block mode ---------------------------------------------------------------------------------
+def run_block(args, threads):
+    B, S = args.batch, args.seq
+    cfg = BlockConfig(d_model=args.d_model, n_heads=args.heads, d_ff=args.d_ff,
+                      norm_first=not args.post_ln, dropout=0.0)
+    block = TransformerBlock(cfg, dtype=np.float32, seed=0)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((B, S, cfg.d_model), dtype=np.float32)
+    dy = rng.standard_normal((B, S, cfg.d_model), dtype=np.float32)
+
+    layer, torch_note = (None, "skipped (--no-torch)") if args.no_torch else torch_setup(block, threads)
+    print(f"# preln benchmark: float32, B={B} S={S} D={cfg.d_model} H={cfg.n_heads} F={cfg.d_ff}, "
+          f"{'Pre' if cfg.norm_first else 'Post'}-LN, GELU, dropout 0\n")
+    print(f"- threads: {threads} (OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')})")
+    print(f"- numpy {np.__version__}, BLAS: {blas_name()}")
+    for var in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
+        if var in os.environ:
+            print(f"- {var}={os.environ[var]} (left as set; numpy and torch both run under it)")
+    print(f"- PyTorch: {torch_note}")
+    print(f"- median of {args.repeats} runs after {args.warmup} warm-up runs; "
+          "numpy and torch interleaved pair by pair\n")
+
+    # numpy side
+    def np_train_forward():
+        block.train()
+        block(x)
+
+    def np_backward():
+        block.backward(dy)
+
+    def np_step():
+        block.train()
+        block(x)
+        block.backward(dy)
+
+    def np_eval():
+        block.eval()
+        block(x)
+
+    # torch side (None when torch is absent)
+    t_fwd = t_bwd = t_step = t_eval = t_setup_bwd = None
+    if layer is not None:
+        import torch
+        xt, dyt = torch.from_numpy(x), torch.from_numpy(dy)
+        state = {}
+
+        def t_fwd():
+            layer.train()
+            state["y"] = layer(xt.requires_grad_(True))
+
+        def t_bwd():
+            state.pop("y").backward(dyt)
+
+        def t_setup_bwd():
+            layer.train()
+            state["y"] = layer(xt.requires_grad_(True))
+
+        def t_step():
+            layer.train()
+            layer(xt.requires_grad_(True)).backward(dyt)
+
+        def t_eval():
+            layer.eval()
+            with torch.inference_mode():   # the fused "fast path" PyTorch takes for inference
+                layer(xt.detach())
+
+    gemm_fwd, gemm_bwd = gemm_fns(cfg, B, S, rng)
+
+    def gemm_step():
+        gemm_fwd()
+        gemm_bwd()
+
+    torch_ref = lambda fn, setup=None: (fn, setup) if layer is not None else None
+    passes = {   # pass: (numpy fn, its setup, torch reference, matmuls-alone reference)
+        "forward": (np_train_forward, None, torch_ref(t_fwd), (gemm_fwd, None)),
+        "backward": (np_backward, np_train_forward, torch_ref(t_bwd, t_setup_bwd), (gemm_bwd, None)),
+        "training step": (np_step, None, torch_ref(t_step), (gemm_step, None)),
+        "eval forward": (np_eval, None, torch_ref(t_eval), (gemm_fwd, None)),
+    }
+    print("| pass | numpy ms | PyTorch ms | numpy / PyTorch | its matmuls ms | numpy / matmuls |")
+    print("|---|---:|---:|---:|---:|---:|")
+    ratios = {}
+    for name, (fn, setup, t_ref, g_ref) in passes.items():
+        t_n, t_refs, r = time_pairs(fn, {"torch": t_ref, "gemm": g_ref}, setup_np=setup,
+                                    repeats=args.repeats, warmup=args.warmup)
+        ratios[(name, "torch")] = r.get("torch")
+        ratios[(name, "gemm")] = r["gemm"]
+        torch_cols = (f"{t_refs['torch'] * 1e3:.1f} | {r['torch']:.2f}x" if "torch" in r else "- | -")
+        label = name + (" (tiled attention)" if name == "eval forward" else "")
+        print(f"| {label} | {t_n * 1e3:.1f} | {torch_cols} | {t_refs['gemm'] * 1e3:.1f} | "
+              f"{r['gemm']:.2f}x |", flush=True)
+
+    # memory: only what each pass allocates (the previous cache is dropped first)
+    def drop_cache():
+        block._cache = None
+
+    mem = {"forward (train mode)": peak_bytes(np_train_forward, drop_cache),
+           "training step": peak_bytes(np_step, drop_cache),
+           "eval forward (tiled attention)": peak_bytes(np_eval, drop_cache)}
+    block.train()
+    block(x)
+    act = x.nbytes
+    print("\n| memory | MiB | x input size |\n|---|---:|---:|")
+    for name, nbytes in mem.items():
+        print(f"| peak, {name} | {nbytes / 2**20:.1f} | {nbytes / act:.1f} |")
+    c = block.cache_nbytes()
+    print(f"| block.cache_nbytes() after a training forward | {c / 2**20:.1f} | {c / act:.1f} |")
+
+    print("\n| target | measured | result |\n|---|---:|---|")
+    for label, name, ref, limit in TARGETS:
+        r = ratios[(name, ref)]
+        if r is None:
+            print(f"| {label} | - | not measured (no PyTorch) |")
+        else:
+            print(f"| {label} | {r:.2f}x | {'PASS' if r <= limit else 'MISS'} |")
+
+
+# ---- widgets mode -------------------------------------------------------------------------------
+def run_widgets(args):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .figures import all_explorables
+    from .viz import figure_png
+
+    found = all_explorables()
+    print(f"# explorable callbacks: every frame, target {WIDGET_TARGET_MS:.0f} ms\n")
+    if not found:
+        print("No explorables yet: preln.figures.all_explorables() is empty.")
+        return
+    print("plot = plot(**values); frame = plot + PNG render (what a live widget does per move).\n")
+    print("| explorable | frames | plot median ms | plot max ms | frame median ms | frame max ms | result |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for name, (plot, controls) in sorted(found.items()):
+        names = list(controls)
+        plot_ms, frame_ms = [], []
+        for values in itertools.product(*(controls[n] for n in names)):
+            t0 = time.perf_counter()
+            fig = plot(**dict(zip(names, values)))
+            t1 = time.perf_counter()
+            try:
+                figure_png(fig)
+            finally:
+                plt.close(fig)
+            t2 = time.perf_counter()
+            plot_ms.append((t1 - t0) * 1e3)
+            frame_ms.append((t2 - t0) * 1e3)
+        worst = max(frame_ms)
+        print(f"| {name} | {len(plot_ms)} | {statistics.median(plot_ms):.1f} | {max(plot_ms):.1f} | "
+              f"{statistics.median(frame_ms):.1f} | {worst:.1f} | "
+              f"{'PASS' if worst <= WIDGET_TARGET_MS else 'MISS'} |")
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    if args.widgets:
+        run_widgets(args)
+        return
+    threads = args.threads or machine_threads()
+    ensure_threads(threads, argv)
+    run_block(args, threads)
+
+
+if __name__ == "__main__":
+    main()

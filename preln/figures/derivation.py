@@ -1,0 +1,488 @@
+"""Figures, tables and data helpers for the Derivation chapter (``book/derivation.ipynb``).
+
+The chapter derives every backward pass of the block and checks it; this module holds what the
+notebook needs beyond the package itself, so that the notebook only imports, calls, checks and
+plots:
+
+- data helpers: the block's forward split into named intermediates (:func:`forward_steps`), the
+  scalar losses whose finite differences check each gradient (:func:`intermediate_loss`,
+  :func:`param_loss`), Jacobians through ``block.backward``, logit statistics for the
+  1/sqrt(d_h) argument, the GELU difference on a fine grid, masked attention probabilities;
+- plots: every function returns a :class:`matplotlib.figure.Figure` built without pyplot (so a
+  notebook cell shows it exactly once, when it is the cell's value);
+- :class:`Table`: an HTML / plain-text table (pandas is not a dependency).
+
+``EXPLORABLES`` registers the interactive figures for ``preln.figures.all_explorables``.
+"""
+from __future__ import annotations
+
+import html
+from typing import Callable
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from ..ops import (activation_forward, attention_forward, layer_norm_forward, linear_forward,
+                   merge_heads, softmax, split_heads)
+from ..viz import PALETTE
+
+__all__ = [
+    "FORWARD_STEPS", "MASKS", "Table", "forward_steps", "intermediate_loss", "param_loss",
+    "step_sweep", "qk_logit_stats", "softmax_saturation", "gelu_difference", "masked_attention",
+    "jacobian_via_backward", "row_stats", "plot_step_sweep", "plot_qk_variance",
+    "plot_qk_scaling", "plot_attention_masks", "plot_gelu", "plot_row_stats", "plot_jacobians",
+    "EXPLORABLES",
+]
+
+BLUE, VERMILLION, GREEN, ORANGE, SKY, PURPLE, BLACK, YELLOW = PALETTE
+DIVERGING = "PuOr_r"   # ColorBrewer diverging map, readable with the common colour-vision deficiencies
+
+
+# ---- the Pre-LN forward, split into named intermediates ----------------------------------------
+
+#: The names of the intermediates of :func:`forward_steps`, in forward order.
+FORWARD_STEPS = ("x", "h1", "qkv", "q", "k", "v", "o", "om", "a", "x1", "h2", "u", "g", "m", "y")
+
+
+def forward_steps(x, params, config, key_padding_mask=None, override=None):
+    """The Pre-LN block's forward as named intermediates, each computed by a ``preln.ops`` call.
+
+    x: (B, S, D); params: the block's state dict; config: a :class:`preln.BlockConfig` with
+    ``norm_first=True`` and ``dropout=0``. ``override`` maps an intermediate's name to a value
+    that replaces it as soon as it is computed, so that everything downstream is recomputed from
+    it -- the function whose finite differences give dL/d(that intermediate).
+
+    Returns a dict: each name of :data:`FORWARD_STEPS` -> array, and ``"caches"`` -> dict of the
+    caches the ``*_backward`` functions need (ln1, in_proj, attn, out_proj, ln2, linear1, act,
+    linear2).
+    """
+    if not config.norm_first or config.dropout:
+        raise ValueError("config: forward_steps follows the Pre-LN block without dropout "
+                         f"(norm_first=True, dropout=0); got {config}")
+    override = override or {}
+    p, H = params, config.n_heads
+    t, c = {}, {}
+
+    def keep(name, value):
+        t[name] = override.get(name, value)
+        return t[name]
+
+    x = keep("x", x)                                                              # (B, S, D)
+    h1, c["ln1"] = layer_norm_forward(x, p["norm1.weight"], p["norm1.bias"], config.eps)
+    h1 = keep("h1", h1)                                                           # h1 = LN1(x)
+    qkv, c["in_proj"] = linear_forward(h1, p["self_attn.in_proj_weight"], p["self_attn.in_proj_bias"])
+    qkv = keep("qkv", qkv)                                                        # (B, S, 3D)
+    q, k, v = (keep(n, split_heads(s, H))                                         # 3 x (B, H, S, d_h)
+               for n, s in zip("qkv", np.split(qkv, 3, axis=-1)))
+    o, c["attn"] = attention_forward(q, k, v, key_padding_mask, config.causal)
+    o = keep("o", o)                                                              # (B, H, S, d_h)
+    om = keep("om", merge_heads(o))                                               # (B, S, D)
+    a, c["out_proj"] = linear_forward(om, p["self_attn.out_proj.weight"], p["self_attn.out_proj.bias"])
+    a = keep("a", a)                                                              # a = Attn(h1)
+    x1 = keep("x1", x + a)                                                        # residual 1
+    h2, c["ln2"] = layer_norm_forward(x1, p["norm2.weight"], p["norm2.bias"], config.eps)
+    h2 = keep("h2", h2)                                                           # h2 = LN2(x1)
+    u, c["linear1"] = linear_forward(h2, p["linear1.weight"], p["linear1.bias"])
+    u = keep("u", u)                                                              # (B, S, F)
+    g, c["act"] = activation_forward(u, config.activation)
+    g = keep("g", g)                                                              # g = GELU(u)
+    m, c["linear2"] = linear_forward(g, p["linear2.weight"], p["linear2.bias"])
+    m = keep("m", m)                                                              # (B, S, D)
+    keep("y", x1 + m)                                                             # residual 2
+    t["caches"] = c
+    return t
+
+
+def intermediate_loss(x, params, config, w, name, key_padding_mask=None) -> Callable:
+    """The scalar L(value) = sum(y * w) with intermediate ``name`` replaced by ``value``.
+
+    Its finite-difference gradient is dL/d(name), what the step-by-step backward must produce.
+    """
+    if name not in FORWARD_STEPS:
+        raise ValueError(f"name: expected one of {FORWARD_STEPS}; got {name!r}")
+
+    def loss(value):
+        y = forward_steps(x, params, config, key_padding_mask, override={name: value})["y"]
+        return float(np.sum(y * w))
+    return loss
+
+
+def param_loss(x, params, config, w, name, key_padding_mask=None) -> Callable:
+    """The scalar L(value) = sum(y * w) with parameter ``name`` (a state-dict key) set to ``value``."""
+    if name not in params:
+        raise KeyError(f"name: expected a state-dict key, one of {list(params)}; got {name!r}")
+
+    def loss(value):
+        y = forward_steps(x, {**params, name: value}, config, key_padding_mask)["y"]
+        return float(np.sum(y * w))
+    return loss
+
+
+# ---- finite differences: the step ----------------------------------------------------------------
+
+def step_sweep(f, x, analytic, steps, numerical_gradient, rel_error):
+    """rel_error(analytic, central difference of f at x with step h) for each h in ``steps``.
+
+    ``numerical_gradient`` and ``rel_error`` are passed in (the chapter uses ``preln.gradcheck``).
+    Returns a float64 array shaped like ``steps``.
+    """
+    return np.array([rel_error(analytic, numerical_gradient(f, x, eps=h)) for h in steps])
+
+
+def plot_step_sweep(steps, errors, chosen=1e-6) -> Figure:
+    """Log-log plot of the gradient-check error against the finite-difference step."""
+    steps, errors = np.asarray(steps), np.asarray(errors)
+    fig = Figure()
+    ax = fig.subplots()
+    ax.loglog(steps, errors, "o-", color=BLUE, label="LayerNorm backward vs central difference")
+    u = np.finfo(np.float64).eps / 2
+    ax.loglog(steps, steps ** 2, "--", color=ORANGE, label=r"truncation $\propto h^2$")
+    ax.loglog(steps, u / steps, ":", color=VERMILLION, label=r"round-off $\propto u/h$")
+    ax.axvline(chosen, color=BLACK, lw=1, alpha=0.6)
+    ax.annotate(f"h = {chosen:g}", (chosen, errors.max()), xytext=(4, -4),
+                textcoords="offset points", va="top", fontsize=9)
+    ax.set_ylim(max(errors.min() / 10, 1e-18), 10)
+    ax.set_xlabel("finite-difference step h (dimensionless)")
+    ax.set_ylabel("relative error (dimensionless)")
+    ax.set_title("Gradient check: error vs step")
+    ax.legend(loc="upper center", fontsize=8)
+    return fig
+
+
+# ---- why 1/sqrt(d_h) -------------------------------------------------------------------------
+
+def qk_logit_stats(d_h, n_samples=4096, seed=0):
+    """Sample q, k with i.i.d. N(0, 1) entries in d_h dimensions; return the logits and their variance.
+
+    Returns a dict: ``logits`` (n_samples,) = q . k, ``scaled`` = logits / sqrt(d_h),
+    ``var`` and ``var_scaled`` their sample variances (expected: d_h and 1).
+    """
+    rng = np.random.default_rng([seed, d_h])
+    q = rng.standard_normal((n_samples, d_h))
+    k = rng.standard_normal((n_samples, d_h))
+    logits = np.einsum("nd,nd->n", q, k)                     # (n_samples,)
+    scaled = logits / np.sqrt(d_h)
+    return {"logits": logits, "scaled": scaled, "var": float(logits.var()),
+            "var_scaled": float(scaled.var())}
+
+
+def softmax_saturation(d_h, n_keys=16, n_queries=256, seed=0):
+    """Attention rows of random unit-variance q, k with and without the 1/sqrt(d_h) scale.
+
+    Each of ``n_queries`` queries attends over ``n_keys`` keys (``preln.ops.softmax``). Returns a
+    dict with, for ``unscaled`` and ``scaled``: ``p`` (n_queries, n_keys) probabilities,
+    ``entropy`` (mean row entropy, nats; at most ln n_keys) and ``max_p`` (mean largest probability).
+    """
+    rng = np.random.default_rng([seed, d_h, 1])
+    q = rng.standard_normal((n_queries, d_h))
+    k = rng.standard_normal((n_keys, d_h))
+    logits = q @ k.T                                          # (n_queries, n_keys)
+    out = {}
+    for name, s in (("unscaled", logits), ("scaled", logits / np.sqrt(d_h))):
+        p = softmax(s, axis=-1)
+        ent = -(p * np.log(np.where(p > 0, p, 1))).sum(-1)    # 0 log 0 = 0
+        out[name] = {"p": p, "entropy": float(ent.mean()), "max_p": float(p.max(-1).mean())}
+    return out
+
+
+def plot_qk_variance(d_hs, n_keys=16) -> Figure:
+    """Two panels over d_h: Var(q . k) unscaled and scaled; mean softmax entropy, both ways."""
+    d_hs = list(d_hs)
+    stats = [qk_logit_stats(d) for d in d_hs]
+    sat = [softmax_saturation(d, n_keys=n_keys) for d in d_hs]
+    fig = Figure(figsize=(8.5, 3.4))
+    ax1, ax2 = fig.subplots(1, 2)
+    ax1.loglog(d_hs, [s["var"] for s in stats], "o-", color=VERMILLION, label=r"$q\cdot k$")
+    ax1.loglog(d_hs, [s["var_scaled"] for s in stats], "s-", color=BLUE,
+               label=r"$q\cdot k/\sqrt{d_h}$")
+    ax1.loglog(d_hs, d_hs, "--", color=BLACK, lw=1, label=r"$d_h$ (theory)")
+    ax1.set_xscale("log", base=2)
+    ax1.set_xlabel(r"head width $d_h$ (dimensionless)")
+    ax1.set_ylabel("variance of the logit (dimensionless)")
+    ax1.set_title("Logit variance")
+    ax1.legend(fontsize=9)
+    ax2.semilogx(d_hs, [s["unscaled"]["entropy"] for s in sat], "o-", color=VERMILLION, label="unscaled")
+    ax2.semilogx(d_hs, [s["scaled"]["entropy"] for s in sat], "s-", color=BLUE, label=r"scaled by $1/\sqrt{d_h}$")
+    ax2.axhline(np.log(n_keys), color=BLACK, lw=1, ls="--", label=f"uniform, ln {n_keys}")
+    ax2.set_xscale("log", base=2)
+    ax2.set_ylim(0, np.log(n_keys) * 1.1)
+    ax2.set_xlabel(r"head width $d_h$ (dimensionless)")
+    ax2.set_ylabel("mean row entropy (nats)")
+    ax2.set_title(f"Softmax over {n_keys} keys")
+    ax2.legend(fontsize=9)
+    return fig
+
+
+# Sample sizes of the explorable's frames, small enough that a frame takes well under 100 ms.
+FRAME_SAMPLES, FRAME_QUERIES = 1024, 256
+
+
+def plot_qk_scaling(d_h) -> Figure:
+    """One head width: the logit histograms and one attention row, with and without the scale."""
+    st = qk_logit_stats(d_h, n_samples=FRAME_SAMPLES)
+    sat = softmax_saturation(d_h, n_queries=FRAME_QUERIES)
+    fig = Figure(figsize=(8.5, 3.4))
+    ax1, ax2 = fig.subplots(1, 2)
+    bins = np.linspace(-40, 40, 81)
+    for vals, color, label in ((st["logits"], VERMILLION, f"$q\\cdot k$, var {st['var']:.1f}"),
+                               (st["scaled"], BLUE, f"$q\\cdot k/\\sqrt{{d_h}}$, var {st['var_scaled']:.2f}")):
+        counts, _ = np.histogram(np.clip(vals, -40, 40), bins=bins)
+        centers = 0.5 * (bins[1:] + bins[:-1])
+        ax1.fill_between(centers, counts, step="mid", color=color, alpha=0.5, lw=0, label=label)
+        ax1.plot(centers, counts, drawstyle="steps-mid", color=color, lw=1)
+    ax1.set_xlabel("logit (dimensionless)")
+    ax1.set_ylabel(f"count (of {FRAME_SAMPLES} pairs)")
+    ax1.set_title(f"Logits, $d_h$ = {d_h}")
+    ax1.legend(fontsize=8, loc="upper left")
+    n = sat["scaled"]["p"].shape[1]
+    j = np.arange(n)
+    row = 0
+    pu = np.sort(sat["unscaled"]["p"][row])[::-1]
+    ps = np.sort(sat["scaled"]["p"][row])[::-1]
+    # stems (a LineCollection) rather than bars: 32 patches would cost more than the 100 ms budget
+    ax2.vlines(j - 0.15, 0, pu, color=VERMILLION, lw=4)
+    ax2.vlines(j + 0.15, 0, ps, color=BLUE, lw=4)
+    ax2.plot(j - 0.15, pu, "o", color=VERMILLION, ms=4,
+             label=f"unscaled (mean entropy {sat['unscaled']['entropy']:.2f})")
+    ax2.plot(j + 0.15, ps, "s", color=BLUE, ms=4,
+             label=f"scaled (mean entropy {sat['scaled']['entropy']:.2f})")
+    ax2.set_ylim(0, 1.05)
+    ax2.set_xticks(j[::3], [str(r + 1) for r in j[::3]])
+    ax2.set_xlabel("key rank (1 = most probable)")
+    ax2.set_ylabel("attention probability (dimensionless)")
+    ax2.set_title(f"One query over {n} keys")
+    ax2.legend(fontsize=8, loc="upper right")
+    return fig
+
+
+def qk_scaling_alt(d_h) -> str:
+    """Alt text of :func:`plot_qk_scaling` for one head width, with the measured numbers."""
+    st = qk_logit_stats(d_h, n_samples=FRAME_SAMPLES)
+    sat = softmax_saturation(d_h, n_queries=FRAME_QUERIES)
+    return (f"Head width d_h = {d_h}. Left: histograms of {FRAME_SAMPLES} attention logits q dot k, whose variance "
+            f"is {st['var']:.1f} (about d_h), and of the scaled logits, variance {st['var_scaled']:.2f} "
+            f"(about 1). Right: one query's attention probabilities over 16 keys, sorted; unscaled the "
+            f"largest probability is {np.max(sat['unscaled']['p'][0]):.2f}, scaled it is "
+            f"{np.max(sat['scaled']['p'][0]):.2f}. Mean row entropy {sat['unscaled']['entropy']:.2f} "
+            f"nats unscaled vs {sat['scaled']['entropy']:.2f} scaled (uniform: 2.77).")
+
+
+# ---- masks ----------------------------------------------------------------------------------
+
+#: The sequence length of the mask figure.
+MASK_S = 6
+#: The mask settings of the mask figure, name -> (causal, key-padding row of length MASK_S).
+MASKS = {
+    "none": (False, None),
+    "causal": (True, None),
+    "key padding (last 2 keys)": (False, [False, False, False, False, True, True]),
+    "causal + left padding (first 2 keys)": (True, [True, True, False, False, False, False]),
+}
+
+
+def masked_attention(mask, seed=0, d_h=4):
+    """Attention probabilities of one head (B = H = 1, S = MASK_S) under a setting of :data:`MASKS`.
+
+    Returns ``(p, allowed)``: p (S, S) from ``preln.ops.attention_forward``; ``allowed`` (S, S) bool,
+    True where query i may attend to key j.
+    """
+    causal, pad = MASKS[mask]
+    rng = np.random.default_rng(seed)
+    q, k, v = rng.standard_normal((3, 1, 1, MASK_S, d_h))            # each (1, 1, S, d_h)
+    kpm = None if pad is None else np.array([pad])                   # (1, S)
+    _, cache = attention_forward(q, k, v, kpm, causal)
+    allowed = np.ones((MASK_S, MASK_S), dtype=bool)
+    if causal:
+        allowed &= np.tri(MASK_S, dtype=bool)
+    if pad is not None:
+        allowed &= ~np.array(pad)[None, :]
+    return cache.p[0, 0], allowed
+
+
+def plot_attention_masks(mask) -> Figure:
+    """Heatmap of the attention probabilities under one mask; masked entries marked with a cross."""
+    p, allowed = masked_attention(mask)
+    fig = Figure(figsize=(4.6, 4.2))
+    ax = fig.subplots()
+    ax.imshow(p, vmin=0, vmax=1, cmap="cividis")   # every entry is printed: no colour bar needed
+    for i in range(MASK_S):
+        for j in range(MASK_S):
+            if allowed[i, j]:
+                ax.text(j, i, f"{p[i, j]:.2f}", ha="center", va="center", fontsize=8,
+                        color="black" if p[i, j] > 0.55 else "white")
+            else:
+                ax.text(j, i, "×", ha="center", va="center", fontsize=12, color=SKY)
+    ax.set_xticks(range(MASK_S))
+    ax.set_yticks(range(MASK_S))
+    ax.grid(False)
+    ax.set_xlabel("key position j")
+    ax.set_ylabel("query position i")
+    ax.set_title(f"Attention probabilities\nmask: {mask}", fontsize=10)
+    return fig
+
+
+def attention_masks_alt(mask) -> str:
+    """Alt text of :func:`plot_attention_masks`."""
+    p, allowed = masked_attention(mask)
+    zero_rows = [i for i in range(MASK_S) if not allowed[i].any()]
+    text = (f"A {MASK_S} by {MASK_S} heatmap of attention probabilities, queries as rows and keys as "
+            f"columns, with the mask '{mask}'. Masked entries carry a cross and are exactly 0; ")
+    if zero_rows:
+        text += (f"query rows {', '.join(map(str, zero_rows))} see no key at all and are all zeros; "
+                 "every other row sums to 1.")
+    else:
+        text += "every row sums to 1."
+    return text
+
+
+# ---- GELU -----------------------------------------------------------------------------------
+
+def gelu_difference(lo=-8.0, hi=8.0, n=1_600_001):
+    """gelu_tanh(x) - gelu(x) on a uniform grid (step (hi - lo)/(n - 1), 1e-5 by default).
+
+    Returns a dict: ``x``, ``diff``, ``max_abs`` (the largest absolute difference) and ``x_at_max``
+    (the absolute value of x where it occurs; the difference is an even function, so it occurs at
+    both +x_at_max and -x_at_max).
+    """
+    from ..ops import gelu, gelu_tanh
+    x = np.linspace(lo, hi, n)
+    diff = gelu_tanh(x) - gelu(x)
+    i = int(np.argmax(np.abs(diff)))
+    return {"x": x, "diff": diff, "max_abs": float(abs(diff[i])), "x_at_max": float(abs(x[i]))}
+
+
+def plot_gelu(lo=-5.0, hi=5.0) -> Figure:
+    """Left: exact and tanh GELU (and ReLU for reference). Right: their difference."""
+    from ..ops import gelu, gelu_tanh, relu
+    x = np.linspace(lo, hi, 2001)
+    d = gelu_difference(lo, hi, 200_001)
+    fig = Figure(figsize=(8.5, 3.4))
+    ax1, ax2 = fig.subplots(1, 2)
+    ax1.plot(x, relu(x), color=BLACK, lw=1, ls=":", label="ReLU")
+    ax1.plot(x, gelu(x), color=BLUE, label=r"GELU, $x\,\Phi(x)$")
+    ax1.plot(x, gelu_tanh(x), color=ORANGE, ls="--", label="GELU, tanh form")
+    ax1.set_xlabel("input x (dimensionless)")
+    ax1.set_ylabel("activation (dimensionless)")
+    ax1.set_title("GELU, exact and tanh")
+    ax1.legend(fontsize=9)
+    ax2.plot(d["x"], d["diff"], color=VERMILLION)
+    for s in (-1, 1):
+        ax2.axvline(s * d["x_at_max"], color=BLACK, lw=1, alpha=0.5)
+    ax2.set_xlabel("input x (dimensionless)")
+    ax2.set_ylabel("tanh form − exact (dimensionless)")
+    ax2.set_title(f"Difference, max |·| = {d['max_abs']:.2e} at x = ±{d['x_at_max']:.2f}", fontsize=10)
+    ax2.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    return fig
+
+
+# ---- residuals, Pre-LN vs Post-LN -------------------------------------------------------------
+
+def row_stats(y):
+    """Per-row (per-token) mean and biased standard deviation over the last axis, flattened."""
+    y = np.asarray(y, dtype=np.float64)
+    return y.mean(-1).ravel(), y.std(-1).ravel()
+
+
+def plot_row_stats(y_pre, y_post) -> Figure:
+    """Per-token mean and std of the Pre-LN and Post-LN block outputs."""
+    fig = Figure(figsize=(8.5, 3.2))
+    ax1, ax2 = fig.subplots(1, 2)
+    for ax, k, title, ref in ((ax1, 0, "Per-token mean of the output", 0.0),
+                              (ax2, 1, "Per-token std of the output", 1.0)):
+        for y, name, color, marker in ((y_pre, "Pre-LN", BLUE, "o"), (y_post, "Post-LN", VERMILLION, "s")):
+            s = row_stats(y)[k]
+            ax.plot(np.arange(s.size), s, marker, color=color, label=name)
+        ax.axhline(ref, color=BLACK, lw=1, ls="--")
+        ax.set_xlabel("token (batch-major index b·S + s)")
+        ax.set_ylabel("mean (dimensionless)" if k == 0 else "std (dimensionless)")
+        ax.set_title(title)
+        ax.legend(fontsize=9)
+    return fig
+
+
+def jacobian_via_backward(block, x):
+    """J[i, j] = d y_i / d x_j of ``block`` at x (B = 1), flattened over (S, D), via backward.
+
+    One forward, then one ``block.backward`` per output entry (row i is the gradient of y_i).
+    The block's parameter gradients are zeroed afterwards.
+    """
+    if x.shape[0] != 1:
+        raise ValueError(f"x: expected batch size 1, (1, S, D); got shape {x.shape}")
+    y = block(x)
+    n = y.size
+    J = np.empty((n, x.size))
+    for i in range(n):
+        e = np.zeros(n)
+        e[i] = 1.0
+        J[i] = block.backward(e.reshape(y.shape)).ravel()
+    block.zero_grad()
+    return J
+
+
+def plot_jacobians(J_pre, J_post, d_model) -> Figure:
+    """Heatmaps of dy/dx for the Pre-LN and Post-LN blocks on one sequence, on one colour scale."""
+    lim = float(max(np.abs(J_pre).max(), np.abs(J_post).max()))
+    fig = Figure(figsize=(8.5, 4.0))
+    axes = fig.subplots(1, 2)
+    for ax, J, name in zip(axes, (J_pre, J_post), ("Pre-LN", "Post-LN")):
+        im = ax.imshow(J, cmap=DIVERGING, vmin=-lim, vmax=lim)
+        n = J.shape[0]
+        ticks = np.arange(0, n, d_model)
+        ax.set_xticks(ticks - 0.5, [f"t{t // d_model}" for t in ticks], fontsize=8, ha="left")
+        ax.set_yticks(ticks - 0.5, [f"t{t // d_model}" for t in ticks], fontsize=8, va="top")
+        ax.grid(True, color="0.5", alpha=0.5, lw=0.5)
+        ax.set_xlabel("input entry x (token t, then feature)")
+        ax.set_ylabel("output entry y (token t, then feature)")
+        ax.set_title(f"{name}: ∂y/∂x")
+    fig.colorbar(im, ax=list(axes), label="derivative (dimensionless)", shrink=0.85)
+    return fig
+
+
+# ---- a table without pandas --------------------------------------------------------------------
+
+class Table:
+    """A small table that shows as HTML in a notebook and as aligned text elsewhere.
+
+    rows: list of tuples; floats are formatted with ``float_format``, other values with ``str``.
+    """
+
+    def __init__(self, columns, rows, caption=None, float_format="{:.1e}"):
+        self.columns = [str(c) for c in columns]
+        self.rows = [tuple(r) for r in rows]
+        for r in self.rows:
+            if len(r) != len(self.columns):
+                raise ValueError(f"rows: expected {len(self.columns)} values per row; got {r!r}")
+        self.caption, self.float_format = caption, float_format
+
+    def _cell(self, v):
+        if isinstance(v, (float, np.floating)):
+            return self.float_format.format(float(v))
+        return str(v)
+
+    def __repr__(self):
+        cells = [self.columns] + [[self._cell(v) for v in r] for r in self.rows]
+        widths = [max(len(row[i]) for row in cells) for i in range(len(self.columns))]
+        fmt = lambda row: "  ".join(s.ljust(w) for s, w in zip(row, widths)).rstrip()
+        lines = ([self.caption] if self.caption else []) + [fmt(cells[0]),
+                                                             "  ".join("-" * w for w in widths)]
+        return "\n".join(lines + [fmt(r) for r in cells[1:]])
+
+    def _repr_html_(self):
+        e = html.escape
+        out = ['<table class="preln-table">']
+        if self.caption:
+            out.append(f"<caption>{e(self.caption)}</caption>")
+        out.append("<thead><tr>" + "".join(f"<th>{e(c)}</th>" for c in self.columns) + "</tr></thead><tbody>")
+        for r in self.rows:
+            # nowrap: "8.7e-10" must not break at its hyphen in a narrow column
+            out.append("<tr>" + "".join(f'<td style="white-space:nowrap">{e(self._cell(v))}</td>'
+                                        for v in r) + "</tr>")
+        out.append("</tbody></table>")
+        return "".join(out)
+
+
+#: The interactive figures of this chapter, name -> (plot, controls).
+EXPLORABLES = {
+    "qk_scaling": (plot_qk_scaling, {"d_h": [4, 8, 16, 32, 64, 128]}),
+    "attention_masks": (plot_attention_masks, {"mask": list(MASKS)}),
+}

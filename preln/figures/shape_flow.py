@@ -1,0 +1,276 @@
+"""Figures and tables of the shape-flow chapter (book/shape_flow.ipynb).
+
+Everything here draws what :mod:`preln.shapes` computes; the notebook imports and calls.
+
+    EXPLORABLES = {"ops": (plot_ops, {"S": ..., "D": ..., "H": ...}),
+                   "flops_split": (plot_flops_split, {"D": ..., "ratio": ...})}
+"""
+from __future__ import annotations
+
+import html
+
+import numpy as np
+
+from ..config import BlockConfig
+from ..shapes import closed_form_flops, format_bytes, format_count, shape_flow
+from ..viz import PALETTE
+
+__all__ = ["EXPLORABLES", "plot_ops", "ops_alt", "plot_flops_split", "flops_split_alt",
+           "shape_table_html", "live_shape_table", "plot_flops_vs_size", "plot_timings",
+           "plot_peak_memory"]
+
+#: the explorable over the op-by-op costs: B = 1, F = 4 D
+OPS_CONTROLS = {"S": [128, 1024, 8192], "D": [64, 256, 1024], "H": [1, 4, 16]}
+OPS_B = 1
+#: fixed axis limits, so that moving a control moves the bars, not the axes
+_FLOPS_LIM = (1e3, 1e13)
+_BYTES_LIM = (1e3, 1e11)
+
+#: the explorable over the FLOP split against S
+SPLIT_CONTROLS = {"D": [64, 256, 1024], "ratio": [2, 4, 8]}
+SPLIT_S = np.unique(np.logspace(4, 16, 49, base=2).round().astype(int))   # 16 .. 65536
+
+
+def _shape(shape):
+    return "(" + ", ".join(str(n) for n in shape) + ")"
+
+
+def _ops_config(D, H):
+    return BlockConfig(d_model=D, n_heads=H, d_ff=4 * D)
+
+
+# ---- the op-by-op explorable -----------------------------------------------------------------
+
+def plot_ops(S=512, D=64, H=4, B=OPS_B, training=True):
+    """Horizontal bars per op: FLOPs (left) and bytes written / kept for the backward (right)."""
+    import matplotlib.pyplot as plt
+
+    flow = shape_flow(_ops_config(D, H), B, S, training=training)
+    rows = flow.rows
+    y = np.arange(len(rows))[::-1]
+    labels = [f"{r.name}  " + (f"{len(r.outputs)} x " if len(r.outputs) > 1 else "") + _shape(r.output)
+              for r in rows]
+    fig, (ax_f, ax_b) = plt.subplots(1, 2, figsize=(9.5, 4.8), sharey=True)
+
+    # bars as thick horizontal lines: one LineCollection per series draws ~10x faster than patches
+    flops = np.array([r.flops for r in rows], dtype=float)
+    is_mm = np.array([r.matmul_flops > 0 for r in rows])
+    for sel, colour, label in ((is_mm, PALETTE[0], "matmul"), (~is_mm & (flops > 0), PALETTE[1],
+                                                                 "elementwise")):
+        ax_f.hlines(y[sel], _FLOPS_LIM[0], flops[sel], colors=colour, lw=11, label=label)
+    ax_f.set_xscale("log")
+    ax_f.set_xlim(*_FLOPS_LIM)
+    ax_f.set_ylim(-0.7, len(rows) - 0.3)
+    ax_f.set_yticks(y, labels, fontsize=8)
+    ax_f.set_xlabel("FLOPs (multiply-add = 2)")
+    ax_f.legend(loc="lower right", fontsize=8)
+
+    out = np.array([r.out_bytes for r in rows], dtype=float)
+    kept = np.array([r.kept_bytes for r in rows], dtype=float)
+    for values, dy, colour, label in ((out, 0.2, PALETTE[2], "output written"),
+                                      (kept, -0.2, PALETTE[5], "kept for backward")):
+        sel = values > 0
+        ax_b.hlines(y[sel] + dy, _BYTES_LIM[0], values[sel], colors=colour, lw=5.5, label=label)
+    ax_b.set_xscale("log")
+    ax_b.set_xlim(*_BYTES_LIM)
+    ax_b.set_xlabel("bytes (float32)")
+    ax_b.legend(loc="lower right", fontsize=8)
+    for ax in (ax_f, ax_b):
+        ax.grid(axis="y", visible=False)
+        ax.minorticks_off()
+    t = flow.totals
+    fig.suptitle(f"B={B}, S={S}, D={D}, H={H}, F={4 * D}:  {format_count(t['flops'])}FLOP, "
+                 f"keeps {format_bytes(t['kept_bytes'])}", fontsize=11)
+    return fig
+
+
+def ops_alt(S, D, H, B=OPS_B):
+    """Alt text of one frame of :func:`plot_ops`, with the numbers it shows."""
+    flow = shape_flow(_ops_config(D, H), B, S)
+    big_f = max(flow.rows, key=lambda r: r.flops)
+    big_k = max(flow.rows, key=lambda r: r.kept_bytes)
+    t = flow.totals
+    return (f"Bar charts of the {len(flow.rows)} ops of one Pre-LN block forward for B = {B}, "
+            f"S = {S}, D = {D}, H = {H}, F = {4 * D}, on logarithmic axes. Left: FLOPs per op, "
+            f"{format_count(t['flops'])}FLOP in total; the costliest op is {big_f.name} with "
+            f"{format_count(big_f.flops)}FLOP. Right: bytes each op writes and keeps for the "
+            f"backward, {format_bytes(t['kept_bytes'])} kept in total; the largest is "
+            f"{big_k.name}, keeping {format_bytes(big_k.kept_bytes)}.")
+
+
+# ---- FLOP split against S ---------------------------------------------------------------------
+
+def _split(S, D, F, B=1):
+    S = np.asarray(S, dtype=float)
+    proj = 2 * B * S * (4 * D * D + 2 * D * F)    # in_proj, out_proj, linear1, linear2
+    attn = 4 * B * S * S * D                      # q k^T and p v
+    return proj, attn
+
+
+def plot_flops_split(D=64, ratio=4):
+    """Matmul FLOPs per token against S: projections (flat) vs attention (grows with S)."""
+    import matplotlib.pyplot as plt
+
+    F = ratio * D
+    proj, attn = _split(SPLIT_S, D, F)
+    fig, ax = plt.subplots(figsize=(5.8, 3.6))
+    ax.loglog(SPLIT_S, proj / SPLIT_S, label="projections 2(4D² + 2DF)", color=PALETTE[0])
+    ax.loglog(SPLIT_S, attn / SPLIT_S, label="attention 4SD", color=PALETTE[1])
+    ax.loglog(SPLIT_S, (proj + attn) / SPLIT_S, label="total", color=PALETTE[6], ls="--", lw=1.5)
+    s_star = 2 * D + F
+    ax.axvline(s_star, color=PALETTE[2], lw=1.2, ls=":")
+    ax.annotate(f"S* = 2D + F = {s_star}", (s_star, 2e4), xytext=(5, 0),
+                textcoords="offset points", fontsize=9, color=PALETTE[2])
+    ax.set_xlim(SPLIT_S[0], SPLIT_S[-1])
+    ax.set_ylim(1e4, 1e11)
+    ax.set_xlabel("sequence length S (tokens)")
+    ax.set_ylabel("matmul FLOPs per token")
+    ax.set_title(f"D = {D}, F = {ratio}D = {F}")
+    ax.legend(loc="upper left", fontsize=8)
+    ax.minorticks_off()          # a dozen decades of minor ticks would triple the drawing time
+    return fig
+
+
+def flops_split_alt(D, ratio=4):
+    F = ratio * D
+    return (f"Log-log plot of matmul FLOPs per token against sequence length for D = {D} and "
+            f"F = {F}. The projection cost is flat at {format_count(2 * (4 * D * D + 2 * D * F))}"
+            f"FLOP per token; the attention cost 4SD grows linearly with S and crosses it at "
+            f"S* = 2D + F = {2 * D + F}, after which attention dominates the total.")
+
+
+EXPLORABLES = {
+    "ops": (plot_ops, OPS_CONTROLS),
+    "flops_split": (plot_flops_split, SPLIT_CONTROLS),
+}
+
+
+# ---- tables ----------------------------------------------------------------------------------
+
+def shape_table_html(flow):
+    """An HTML table of a :class:`preln.shapes.ShapeFlow`: one row per op, then the totals."""
+    e = html.escape
+    head = ("<tr><th>#</th><th>op</th><th>computes</th><th>reads</th><th>writes</th>"
+            "<th style='text-align:right'>FLOPs</th><th style='text-align:right'>written</th>"
+            "<th>kept for backward</th><th style='text-align:right'>kept</th></tr>")
+    body = []
+    for i, r in enumerate(flow.rows, 1):
+        reads = "<br>".join(f"{e(n)} {_shape(s)}" for n, s in r.inputs)
+        writes = "<br>".join(f"{e(n)} {_shape(s)}" for n, s in r.outputs)
+        if r.out_bytes == 0 and r.outputs:
+            writes += " <em>(view)</em>"
+        kept = "<br>".join(f"{e(n)} {_shape(s)} {np.dtype(d).name}" for n, s, d in r.kept) or "&mdash;"
+        body.append(
+            f"<tr><td>{i}</td><td><code>{e(r.name)}</code></td><td><code>{e(r.equation)}</code></td>"
+            f"<td>{reads}</td><td>{writes}</td>"
+            f"<td style='text-align:right'>{format_count(r.flops)}</td>"
+            f"<td style='text-align:right'>{format_bytes(r.out_bytes)}</td>"
+            f"<td>{kept}</td><td style='text-align:right'>{format_bytes(r.kept_bytes)}</td></tr>")
+    t = flow.totals
+    body.append(
+        f"<tr><td></td><td><strong>total</strong></td><td colspan='3'>matmuls "
+        f"{format_count(t['matmul_flops'])}FLOP = closed form {format_count(t['closed_form_flops'])}"
+        f"FLOP</td><td style='text-align:right'><strong>{format_count(t['flops'])}</strong></td>"
+        f"<td style='text-align:right'><strong>{format_bytes(t['out_bytes'])}</strong></td><td></td>"
+        f"<td style='text-align:right'><strong>{format_bytes(t['kept_bytes'])}</strong></td></tr>")
+    cfg = flow.config
+    caption = (f"B = {flow.B}, S = {flow.S}, D = {cfg.d_model}, H = {cfg.n_heads}, "
+               f"F = {cfg.d_ff}, {flow.dtype.name}, {'training' if flow.training else 'eval'} "
+               f"mode ({flow.path} attention)")
+    return (f"<table class='preln-shape-table'><caption>{e(caption)}</caption><thead>{head}</thead>"
+            f"<tbody>{''.join(body)}</tbody></table>")
+
+
+def live_shape_table(B=2, S=128, D=64, H=4, F=256):
+    """An ipywidgets panel over B, S, D, H, F and the mode that redraws the table (needs a kernel)."""
+    import ipywidgets as widgets
+    from IPython.display import HTML, display
+
+    def show(B, S, D, H, F, training):
+        try:
+            cfg = BlockConfig(d_model=D, n_heads=H, d_ff=F)
+            flow = shape_flow(cfg, B, S, training=training)
+        except (ValueError, TypeError) as err:
+            display(HTML(f"<p><strong>Invalid setting:</strong> {html.escape(str(err))}</p>"))
+            return
+        display(HTML(shape_table_html(flow)))
+
+    box = dict(min=1, continuous_update=False)
+    return widgets.interactive(
+        show,
+        B=widgets.BoundedIntText(value=B, max=4096, description="B", **box),
+        S=widgets.BoundedIntText(value=S, max=1 << 20, description="S", **box),
+        D=widgets.BoundedIntText(value=D, max=1 << 16, description="D", **box),
+        H=widgets.BoundedIntText(value=H, max=1024, description="H", **box),
+        F=widgets.BoundedIntText(value=F, max=1 << 18, description="F", **box),
+        training=widgets.Checkbox(value=True, description="training mode"),
+    )
+
+
+# ---- section 2: complexity -------------------------------------------------------------------
+
+def plot_flops_vs_size(sizes_S, flops_S, fit_S, sizes_D, flops_D, fit_D, S_fixed, D_fixed):
+    """Counted FLOPs against S (fixed D) and against D (fixed S), with the fitted power laws."""
+    import matplotlib.pyplot as plt
+
+    fig, (ax_s, ax_d) = plt.subplots(1, 2, figsize=(8.5, 3.4))
+    for ax, x, y, fit, label, fixed in ((ax_s, sizes_S, flops_S, fit_S, "S", f"D = {D_fixed}"),
+                                        (ax_d, sizes_D, flops_D, fit_D, "D", f"S = {S_fixed}")):
+        ax.loglog(x, y, "o", color=PALETTE[0], label="sum of the rows")
+        ax.loglog(x, fit(x), "-", color=PALETTE[1], lw=1.5,
+                  label=f"fit $\\propto {label}^{{{fit.exponent:.2f}}}$")
+        ax.set_xlabel(f"{'sequence length' if label == 'S' else 'model width'} {label}")
+        ax.set_ylabel("forward FLOPs")
+        ax.set_title(f"growing {label}, {fixed}, B = 1")
+        ax.legend(fontsize=8)
+    return fig
+
+
+def plot_timings(sizes_S, times_S, fit_S, sizes_D, times_D, fit_D, S_fixed, D_fixed, fit_mask_S=None,
+                 fit_mask_D=None):
+    """Measured forward times against S and D, log-log, with the fitted slopes."""
+    import matplotlib.pyplot as plt
+
+    fig, (ax_s, ax_d) = plt.subplots(1, 2, figsize=(8.5, 3.4))
+    for ax, x, t, fit, mask, label, fixed in (
+            (ax_s, sizes_S, times_S, fit_S, fit_mask_S, "S", f"D = {D_fixed}"),
+            (ax_d, sizes_D, times_D, fit_D, fit_mask_D, "D", f"S = {S_fixed}")):
+        x, t = np.asarray(x), np.asarray(t)
+        mask = np.ones(len(x), bool) if mask is None else np.asarray(mask)
+        ax.loglog(x[mask], 1e3 * t[mask], "o", color=PALETTE[0], label="measured (fitted)")
+        if (~mask).any():
+            ax.loglog(x[~mask], 1e3 * t[~mask], "o", mfc="none", color=PALETTE[0],
+                      label="measured (not fitted)")
+        xs = x[mask]
+        ax.loglog(xs, 1e3 * fit(xs), "-", color=PALETTE[1], lw=1.5,
+                  label=f"fit $\\propto {label}^{{{fit.exponent:.2f}}}$")
+        ax.set_xlabel(f"{'sequence length' if label == 'S' else 'model width'} {label}")
+        ax.set_ylabel("forward CPU time (ms)")
+        ax.set_title(f"growing {label}, {fixed}")
+        ax.legend(fontsize=8)
+    return fig
+
+
+# ---- section 3: memory -----------------------------------------------------------------------
+
+def plot_peak_memory(S_plain, peak_plain, S_tiled, peak_tiled, S_formula, p_bytes_formula,
+                     S_cross=None):
+    """Measured peak bytes of the plain and tiled paths against S, with B H S^2 x 4 bytes."""
+    import matplotlib.pyplot as plt
+
+    MiB = 2.0 ** 20
+    fig, ax = plt.subplots(figsize=(6.0, 3.8))
+    ax.loglog(S_formula, np.asarray(p_bytes_formula) / MiB, "--", color=PALETTE[6], lw=1.2,
+              label="one (B, H, S, S) float32 tensor")
+    ax.loglog(S_plain, np.asarray(peak_plain) / MiB, "o-", color=PALETTE[1],
+              label="plain path (training), measured")
+    ax.loglog(S_tiled, np.asarray(peak_tiled) / MiB, "s-", color=PALETTE[0],
+              label="tiled path (eval), measured")
+    if S_cross is not None:
+        ax.axvline(S_cross, color=PALETTE[2], lw=1.2, ls=":")
+        ax.annotate(f"P outweighs the\nrest of the cache\nat S = {S_cross}", (S_cross, 0.3),
+                    xytext=(4, 0), textcoords="offset points", fontsize=8, color=PALETTE[2])
+    ax.set_xlabel("sequence length S (tokens)")
+    ax.set_ylabel("peak memory of one forward (MiB)")
+    ax.legend(fontsize=8, loc="upper left")
+    return fig

@@ -1,0 +1,282 @@
+"""A tiny character-level language model around :class:`preln.stack.TransformerStack`.
+
+    tokens (B, S) int -> h_0 = E_tok[tokens] + E_pos[:S]        (B, S, D)
+                      -> h   = Stack(h_0)   (causal; Pre-LN: ends with the final LayerNorm)
+                      -> logits = h W_head^T + b_head           (B, S, V)
+                      -> loss = mean over tokens of -log softmax(logits)[target]
+
+The LM head is **untied** by default (its own (V, D) weight and a bias); ``tie_weights=True`` reuses
+the token embedding as W_head (Press & Wolf 2017) and keeps only the bias. Every backward is
+written by hand: the cross-entropy's dlogits = (softmax - onehot) / N, the head's linear backward,
+the stack's, and the embeddings' scatter-add.
+
+The corpus is synthetic: sentences from a small probabilistic grammar (:func:`grammar_corpus`),
+so it is ours to publish and needs no download (see data/README.md).
+"""
+from typing import NamedTuple
+
+import numpy as np
+
+from .config import BlockConfig
+from .ops import linear_backward, linear_forward
+from .stack import TransformerStack
+
+__all__ = ["TinyLM", "LMConfig", "cross_entropy_forward", "cross_entropy_backward",
+           "embedding_forward", "embedding_backward", "grammar_corpus", "CharVocab", "batches"]
+
+
+# ---- cross-entropy ---------------------------------------------------------------------------
+class CrossEntropyCache(NamedTuple):
+    logp: np.ndarray     # (N, V) log-softmax of the logits
+    targets: np.ndarray  # (N,) int
+    shape: tuple         # the logits' shape (..., V)
+
+
+def cross_entropy_forward(logits, targets):  # (..., V), (...) int -> scalar
+    """Mean over tokens of -log softmax(logits)[target], with a stable log-softmax.
+
+    log softmax(z)_v = z_v - m - log sum_u exp(z_u - m),  m = max_u z_u  (the largest exponent is 0).
+    """
+    logits = np.asarray(logits)
+    targets = np.asarray(targets)
+    if targets.shape != logits.shape[:-1]:
+        raise ValueError(f"targets: expected shape {logits.shape[:-1]} (the logits' without V); "
+                         f"got {targets.shape}")
+    if not np.issubdtype(targets.dtype, np.integer):
+        raise TypeError(f"targets: expected integer class indices; got dtype {targets.dtype}")
+    V = logits.shape[-1]
+    if targets.size and (targets.min() < 0 or targets.max() >= V):
+        raise ValueError(f"targets: expected indices in [0, {V}); got [{targets.min()}, {targets.max()}]")
+    z = logits.reshape(-1, V)                                     # (N, V)
+    m = z.max(axis=-1, keepdims=True)                             # (N, 1)
+    logp = z - m - np.log(np.exp(z - m).sum(axis=-1, keepdims=True))
+    t = targets.reshape(-1)                                       # (N,)
+    loss = -logp[np.arange(t.size), t].mean()
+    return loss, CrossEntropyCache(logp, t, logits.shape)
+
+
+def cross_entropy_backward(dloss, cache):  # scalar -> (..., V)
+    """dlogits = dloss * (softmax(logits) - onehot(target)) / N."""
+    logp, t, shape = cache
+    N = t.size
+    dz = np.exp(logp)                                             # softmax, (N, V)
+    dz[np.arange(N), t] -= 1.0                                    # - onehot
+    dz *= dloss / N                                               # loss = mean over N tokens
+    return dz.reshape(shape).astype(logp.dtype, copy=False)
+
+
+# ---- embeddings ------------------------------------------------------------------------------
+def embedding_forward(ids, table):  # (...) int, (V, D) -> (..., D)
+    """Rows of ``table``; the cache is the ids and the table's shape."""
+    return table[ids], (ids, table.shape)
+
+
+def embedding_backward(dout, cache):  # (..., D) -> (V, D)
+    """dtable[v] = sum of dout over every position whose id is v (a scatter-add)."""
+    ids, shape = cache
+    dtable = np.zeros(shape, dtype=dout.dtype)
+    np.add.at(dtable, ids.reshape(-1), dout.reshape(-1, shape[1]))
+    return dtable
+
+
+# ---- the model -------------------------------------------------------------------------------
+class LMConfig(NamedTuple):
+    vocab_size: int = 32
+    max_len: int = 64
+    d_model: int = 32
+    n_heads: int = 2
+    d_ff: int = 128
+    n_layers: int = 2
+    norm_first: bool = True        # Pre-LN (True) or Post-LN (False)
+    activation: str = "gelu"
+    tie_weights: bool = False      # untied head by default
+    init: str = "xavier"           # "xavier" (Xiong et al.) or "torch" for the blocks
+
+
+class TinyLM:
+    """A causal character LM: embeddings, a :class:`TransformerStack`, an LM head.
+
+    Parameters (names): ``tok_emb.weight`` (V, D), ``pos_emb.weight`` (S_max, D),
+    ``stack.layers.l.*``, ``stack.norm.*`` (Pre-LN only), ``head.weight`` (V, D; absent if tied),
+    ``head.bias`` (V,). Embeddings are N(0, 0.02^2) as in GPT-2; the head is Xavier normal.
+    """
+
+    def __init__(self, config=LMConfig(), dtype=np.float64, seed=0):
+        if not isinstance(config, LMConfig):
+            raise TypeError(f"config: expected a preln.lm.LMConfig; got {type(config).__name__}")
+        self.config = config
+        self.dtype = np.dtype(dtype)
+        block = BlockConfig(d_model=config.d_model, n_heads=config.n_heads, d_ff=config.d_ff,
+                            norm_first=config.norm_first, activation=config.activation, causal=True)
+        seeds = np.random.SeedSequence(seed).spawn(2)
+        self.stack = TransformerStack(block, config.n_layers, dtype=self.dtype, seed=seeds[0],
+                                      init=config.init)
+        rng = np.random.default_rng(seeds[1])
+        V, S, D = config.vocab_size, config.max_len, config.d_model
+        self.own = {"tok_emb.weight": rng.normal(0, 0.02, (V, D)),
+                    "pos_emb.weight": rng.normal(0, 0.02, (S, D))}
+        if not config.tie_weights:
+            self.own["head.weight"] = rng.normal(0, np.sqrt(2.0 / (V + D)), (V, D))
+        self.own["head.bias"] = np.zeros(V)
+        self.own = {k: v.astype(self.dtype) for k, v in self.own.items()}
+        self.own_grads = {k: np.zeros_like(v) for k, v in self.own.items()}
+        self._cache = None
+
+    @property
+    def params(self):
+        out = dict(self.own)
+        out.update({f"stack.{k}": v for k, v in self.stack.params.items()})
+        return out
+
+    @property
+    def grads(self):
+        out = dict(self.own_grads)
+        out.update({f"stack.{k}": v for k, v in self.stack.grads.items()})
+        return out
+
+    def num_params(self):
+        return int(sum(v.size for v in self.params.values()))
+
+    def zero_grad(self):
+        self.stack.zero_grad()
+        for g in self.own_grads.values():
+            g[...] = 0
+
+    def train(self, mode=True):
+        self.stack.train(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def state_dict(self):
+        return {k: v.copy() for k, v in self.params.items()}
+
+    def _head_weight(self):
+        return self.own["tok_emb.weight"] if self.config.tie_weights else self.own["head.weight"]
+
+    def forward(self, tokens):  # (B, S) int -> logits (B, S, V)
+        tokens = np.asarray(tokens)
+        if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer):
+            raise ValueError(f"tokens: expected a (B, S) integer array; got shape {tokens.shape}, "
+                             f"dtype {tokens.dtype}")
+        B, S = tokens.shape
+        if S > self.config.max_len:
+            raise ValueError(f"tokens: expected at most max_len={self.config.max_len} positions; got {S}")
+        te, c_tok = embedding_forward(tokens, self.own["tok_emb.weight"])           # (B, S, D)
+        h0 = te + self.own["pos_emb.weight"][:S]                                    # (B, S, D)
+        h = self.stack(h0)                                                          # (B, S, D)
+        logits, c_head = linear_forward(h, self._head_weight(), self.own["head.bias"])  # (B, S, V)
+        self._cache = (c_tok, c_head, S)
+        return logits
+
+    __call__ = forward
+
+    def backward(self, dlogits):  # (B, S, V) -> None; accumulates into grads
+        if self._cache is None:
+            raise RuntimeError("backward: no forward to differentiate; call lm(tokens) first")
+        c_tok, c_head, S = self._cache
+        dh, dw, db = linear_backward(dlogits, c_head)        # logits = h W^T + b
+        self.own_grads["head.bias"] += db
+        if self.config.tie_weights:
+            self.own_grads["tok_emb.weight"] += dw            # W_head is E_tok
+        else:
+            self.own_grads["head.weight"] += dw
+        dh0 = self.stack.backward(dh)                         # h = Stack(h0)
+        self.own_grads["pos_emb.weight"][:S] += dh0.sum(axis=0)      # h0 = te + E_pos[:S]
+        self.own_grads["tok_emb.weight"] += embedding_backward(dh0, c_tok)  # te = E_tok[tokens]
+
+    def loss(self, tokens, targets):
+        """Mean cross-entropy (nats per token) of predicting ``targets`` (B, S) from ``tokens``."""
+        return float(cross_entropy_forward(self.forward(tokens), targets)[0])
+
+    def loss_and_grads(self, tokens, targets):
+        """Forward, loss, backward: returns (loss, grads) with grads freshly zeroed then filled."""
+        self.zero_grad()
+        logits = self.forward(tokens)                                 # (B, S, V)
+        loss, c_ce = cross_entropy_forward(logits, targets)
+        self.backward(cross_entropy_backward(1.0, c_ce))
+        return float(loss), self.grads
+
+
+# ---- data ------------------------------------------------------------------------------------
+_GRAMMAR = {
+    "det": ["the", "a", "every", "one", "this", "that"],
+    "adj": ["small", "old", "green", "quiet", "bright", "heavy", "round", "cold", "happy", "dark"],
+    "noun": ["cat", "dog", "bird", "tree", "river", "stone", "house", "child", "ship", "cloud",
+             "king", "horse", "lamp", "book", "wolf"],
+    "verb_t": ["sees", "finds", "likes", "follows", "hears", "carries", "holds", "watches", "makes"],
+    "verb_i": ["sleeps", "runs", "sings", "waits", "falls", "shines", "turns", "grows"],
+    "adv": ["slowly", "today", "again", "quickly", "alone", "there", "often"],
+    "prep": ["near", "under", "over", "behind", "with", "beside"],
+    "conj": ["and", "but", "while", "because"],
+}
+
+
+def _noun_phrase(rng):
+    words = [rng.choice(_GRAMMAR["det"])]
+    if rng.random() < 0.5:
+        words.append(rng.choice(_GRAMMAR["adj"]))
+    words.append(rng.choice(_GRAMMAR["noun"]))
+    if rng.random() < 0.2:
+        words += [rng.choice(_GRAMMAR["prep"])] + _noun_phrase(rng)[:3]
+    return words
+
+
+def _clause(rng):
+    words = _noun_phrase(rng)
+    if rng.random() < 0.55:
+        words += [rng.choice(_GRAMMAR["verb_t"])] + _noun_phrase(rng)
+    else:
+        words.append(rng.choice(_GRAMMAR["verb_i"]))
+    if rng.random() < 0.3:
+        words.append(rng.choice(_GRAMMAR["adv"]))
+    return words
+
+
+def grammar_corpus(n_chars=200_000, seed=0):
+    """Sentences of a small probabilistic grammar (lower-case letters, space, '.', '\\n').
+
+    ``the old dog sees a river quickly. one cat sleeps and the bird sings.`` -- the words are
+    deterministic given their first letters often enough for a small model to learn spelling,
+    and the grammar gives it word order to learn. Deterministic given ``seed``.
+    """
+    rng = np.random.default_rng(seed)
+    out, size = [], 0
+    while size < n_chars:
+        words = _clause(rng)
+        if rng.random() < 0.3:
+            words += [rng.choice(_GRAMMAR["conj"])] + _clause(rng)
+        sentence = " ".join(words) + (".\n" if rng.random() < 0.2 else ". ")
+        out.append(sentence)
+        size += len(sentence)
+    return "".join(out)[:n_chars]
+
+
+class CharVocab:
+    """Characters <-> ids; the alphabet is the sorted set of characters of ``text``."""
+
+    def __init__(self, text):
+        self.chars = sorted(set(text))
+        self.index = {c: i for i, c in enumerate(self.chars)}
+
+    def __len__(self):
+        return len(self.chars)
+
+    def encode(self, text):
+        return np.array([self.index[c] for c in text], dtype=np.int64)
+
+    def decode(self, ids):
+        return "".join(self.chars[int(i)] for i in ids)
+
+
+def batches(ids, batch_size, seq_len, seed):
+    """Endless (tokens, targets) pairs, each (batch_size, seq_len): random windows of ``ids``,
+    targets shifted by one. Deterministic given ``seed``."""
+    rng = np.random.default_rng(seed)
+    ids = np.asarray(ids)
+    offsets = np.arange(seq_len + 1)
+    while True:
+        starts = rng.integers(0, ids.size - seq_len - 1, size=batch_size)
+        window = ids[starts[:, None] + offsets]                       # (B, S + 1)
+        yield window[:, :-1], window[:, 1:]

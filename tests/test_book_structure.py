@@ -1,0 +1,184 @@
+"""The book's structure: every notebook is in the table of contents and in the nbval run, has
+stored outputs, and gives every image alt text; the site configuration stays self-contained."""
+from __future__ import annotations
+
+import json
+import pkgutil
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BOOK = ROOT / "book"
+NOTEBOOKS = sorted(BOOK.glob("*.ipynb"))
+IMAGE_MIMES = ("image/png", "image/jpeg", "image/svg+xml", "image/gif")
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+
+
+def toc_files() -> list[str]:
+    """Every `file:` in _toc.yml, root first, without extension."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    files = [toc["root"]]
+
+    def walk(entries):
+        for entry in entries or []:
+            if "file" in entry:
+                files.append(entry["file"])
+            for key in ("chapters", "sections", "parts"):
+                walk(entry.get(key))
+
+    for key in ("parts", "chapters", "sections"):
+        walk(toc.get(key))
+    return [re.sub(r"\.(md|ipynb|rst)$", "", f) for f in files]
+
+
+def load(nb_path: Path) -> dict:
+    return json.loads(nb_path.read_text())
+
+
+def code_cells(nb: dict):
+    return [c for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def skipped(cell) -> bool:
+    return "skip-execution" in cell.get("metadata", {}).get("tags", [])
+
+
+nb_ids = [p.name for p in NOTEBOOKS]
+
+
+# -- table of contents and Makefile ---------------------------------------------------------
+def test_toc_format_and_entries_exist():
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    assert toc["format"] == "jb-book"
+    missing = [f for f in toc_files()
+               if not any((ROOT / f"{f}{ext}").is_file() for ext in (".md", ".ipynb"))]
+    assert not missing, f"_toc.yml lists files that do not exist: {missing}"
+    assert len(set(toc_files())) == len(toc_files()), "a page is listed twice in _toc.yml"
+
+
+def test_every_notebook_is_in_the_toc():
+    listed = set(toc_files())
+    missing = [p.name for p in NOTEBOOKS if f"book/{p.stem}" not in listed]
+    assert not missing, (f"notebooks in book/ missing from _toc.yml: {missing}; "
+                         f"add `  - file: book/<name>` under chapters:")
+
+
+def _makefile_notebooks() -> list[str] | None:
+    if shutil.which("make") is None:
+        return None
+    out = subprocess.run(["make", "-np", "-f", "Makefile", "install"], cwd=ROOT,
+                         capture_output=True, text=True).stdout
+    m = re.search(r"^NOTEBOOKS := ?(.*)$", out, re.MULTILINE)
+    return m.group(1).split() if m else None
+
+
+def test_every_notebook_is_in_the_nbval_run():
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = makefile.split("\ntest-notebooks:", 1)[1].split("\n\n", 1)[0]
+    assert "$(NBVAL) $(NOTEBOOKS)" in recipe, "make test-notebooks must run nbval over $(NOTEBOOKS)"
+    assert re.search(r"^NBVAL\s*:=.*--nbval(\s|$)", makefile, re.MULTILINE), \
+        "nbval must compare outputs (--nbval, not --nbval-lax)"
+    expanded = _makefile_notebooks()
+    if expanded is None:   # no make: the glob itself is the contract
+        assert re.search(r"^NOTEBOOKS\s*:=\s*\$\(sort \$\(wildcard book/\*\.ipynb\)\)", makefile,
+                         re.MULTILINE)
+    else:
+        assert sorted(expanded) == [f"book/{p.name}" for p in NOTEBOOKS]
+
+
+# -- notebooks --------------------------------------------------------------------------------
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=nb_ids)
+def test_notebook_has_stored_outputs(path):
+    nb = load(path)
+    cells = [c for c in code_cells(nb) if not skipped(c)]
+    unexecuted = [i for i, c in enumerate(code_cells(nb)) if not skipped(c) and c["execution_count"] is None]
+    assert not unexecuted, f"{path.name}: code cells {unexecuted} have no stored outputs: run `make notebooks`"
+    counts = [c["execution_count"] for c in cells]
+    assert counts == list(range(1, len(counts) + 1)), \
+        f"{path.name}: cells were not executed top to bottom in one run ({counts}); run `make notebooks`"
+    assert any(c["outputs"] for c in cells), f"{path.name}: no outputs at all"
+    errors = [i for i, c in enumerate(code_cells(nb)) for o in c["outputs"] if o["output_type"] == "error"]
+    assert not errors, f"{path.name}: code cells {errors} stored an error"
+    assert nb["metadata"].get("kernelspec", {}).get("name") == "python3"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=nb_ids)
+def test_images_have_alt_text(path):
+    problems = []
+    for i, cell in enumerate(code_cells(load(path))):
+        outputs = cell.get("outputs", [])
+        has_image = any(m in o.get("data", {}) for o in outputs for m in IMAGE_MIMES)
+        alt = cell.get("metadata", {}).get("mystnb", {}).get("image", {}).get("alt", "")
+        if has_image and not str(alt).strip():
+            problems.append(f"code cell {i}: image output without metadata mystnb.image.alt")
+        for o in outputs:
+            html = o.get("data", {}).get("text/html", "")
+            html = "".join(html) if isinstance(html, list) else html
+            for tag in re.findall(r"<img\b[^>]*>", html):
+                if not re.search(r'\balt="[^"]*\S[^"]*"', tag):
+                    problems.append(f"code cell {i}: <img> in HTML output without alt text")
+    assert not problems, f"{path.name}: " + "; ".join(problems)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=nb_ids)
+def test_widget_views_have_saved_state(path):
+    nb = load(path)
+    views = [o for c in code_cells(nb) for o in c.get("outputs", []) if WIDGET_VIEW in o.get("data", {})]
+    if views:
+        state = nb["metadata"].get("widgets", {}).get(WIDGET_STATE, {}).get("state")
+        assert state, (f"{path.name}: widget outputs but no saved widget state: the site would show "
+                       "nothing (run `make notebooks`, or save widget state in JupyterLab)")
+        for v in views:
+            assert v["data"][WIDGET_VIEW]["model_id"] in state, f"{path.name}: a widget's state is missing"
+
+
+# -- site configuration -------------------------------------------------------------------------
+def _config() -> dict:
+    return yaml.safe_load((ROOT / "_config.yml").read_text())
+
+
+def test_config_renders_stored_outputs_strictly():
+    cfg = _config()
+    assert cfg["only_build_toc_files"] is True
+    assert cfg["execute"]["execute_notebooks"] == "off"
+    assert cfg["execute"]["allow_errors"] is False
+    assert cfg["bibtex_bibfiles"] == ["book/references.bib"]
+
+
+def test_config_serves_every_script_from_the_site():
+    sphinx = _config()["sphinx"]["config"]
+    static_dirs = [ROOT / d for d in sphinx["html_static_path"]]
+
+    def served(rel):
+        return any((d / rel).is_file() for d in static_dirs)
+
+    assert "://" not in sphinx["mathjax_path"] and served(sphinx["mathjax_path"])
+    for path in sphinx["nb_ipywidgets_js"]:
+        assert "://" not in path and served(path), f"nb_ipywidgets_js: {path} is not in html_static_path"
+    assert served("mathjax/output/chtml/fonts/woff-v2/MathJax_Main-Regular.woff")
+
+
+def test_vendored_assets_match_the_manifest():
+    manifest = json.loads((ROOT / "vendor" / "manifest.json").read_text())
+    assert {p["name"] for p in manifest["packages"]} >= {"mathjax", "requirejs", "@jupyter-widgets/html-manager"}
+    assert all(p["license"] and p["version"] for p in manifest["packages"])
+    out = subprocess.run([sys.executable, "scripts/vendor_assets.py", "--check"], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_api_page_covers_every_module():
+    import preln
+
+    api = (BOOK / "api.md").read_text()
+    modules = [m.name for m in pkgutil.walk_packages(preln.__path__, "preln.")
+               if not m.name.rsplit(".", 1)[-1].startswith("_")]
+    missing = [m for m in ["preln", *modules] if not re.search(rf"automodule:: {re.escape(m)}\s*$", api, re.M)]
+    assert not missing, f"book/api.md has no `.. automodule::` for {missing}"

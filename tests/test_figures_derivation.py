@@ -1,0 +1,180 @@
+"""Tests for preln/figures/derivation.py: plots return labelled Figures, data helpers are right."""
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
+
+from preln import BlockConfig, TransformerBlock
+from preln.figures import all_explorables
+from preln.figures import derivation as figs
+from preln.gradcheck import numerical_gradient, rel_error
+
+FD_TOL = 1e-7        # hand-written backward vs central differences (float64)
+EXACT_TOL = 1e-12    # the same computation done two ways in float64
+
+
+def assert_labelled(fig):
+    """Every data axes (not a colour bar) has an x label, a y label and at least one artist."""
+    assert isinstance(fig, Figure)
+    axes = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+    assert axes, "the figure has no axes"
+    for ax in axes:
+        assert ax.get_xlabel().strip(), f"axes {ax.get_title()!r} has no x label"
+        assert ax.get_ylabel().strip(), f"axes {ax.get_title()!r} has no y label"
+        assert ax.has_data() or ax.images or ax.texts, f"axes {ax.get_title()!r} is empty"
+
+
+@pytest.fixture(scope="module")
+def small():
+    cfg = BlockConfig(d_model=8, n_heads=2, d_ff=16, norm_first=True, causal=True)
+    block = TransformerBlock(cfg, dtype=np.float64, seed=0)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 4, 8))
+    mask = np.array([[False] * 4, [False, False, False, True]])
+    return cfg, block, x, mask, rng.standard_normal((2, 4, 8))
+
+
+# ---- plots ----------------------------------------------------------------------------------
+
+def test_static_plots_are_labelled_figures():
+    steps = np.array([1e-2, 1e-4, 1e-6])
+    assert_labelled(figs.plot_step_sweep(steps, np.array([1e-4, 1e-8, 1e-9])))
+    assert_labelled(figs.plot_qk_variance([4, 16]))
+    assert_labelled(figs.plot_gelu())
+    rng = np.random.default_rng(0)
+    assert_labelled(figs.plot_row_stats(rng.standard_normal((2, 3, 8)), rng.standard_normal((2, 3, 8))))
+    assert_labelled(figs.plot_jacobians(np.eye(16), -np.eye(16), 8))
+
+
+def test_explorables_registered_and_every_frame_is_a_labelled_figure():
+    assert set(figs.EXPLORABLES) == {"qk_scaling", "attention_masks"}
+    found = all_explorables()
+    for name, (plot, controls) in figs.EXPLORABLES.items():
+        assert found[f"derivation.{name}"] == (plot, controls)
+        ((control, values),) = controls.items()
+        for value in values:
+            assert_labelled(plot(**{control: value}))
+
+
+@pytest.mark.parametrize("d_h", figs.EXPLORABLES["qk_scaling"][1]["d_h"])
+def test_qk_scaling_alt_text_describes_the_frame(d_h):
+    text = figs.qk_scaling_alt(d_h)
+    assert f"d_h = {d_h}" in text and "entropy" in text
+
+
+def test_attention_masks_alt_text_names_the_empty_rows():
+    assert "rows 0, 1" in figs.attention_masks_alt("causal + left padding (first 2 keys)")
+    assert "every row sums to 1" in figs.attention_masks_alt("causal")
+
+
+# ---- data helpers ---------------------------------------------------------------------------
+
+def test_forward_steps_is_the_pre_ln_block(small):
+    cfg, block, x, mask, _ = small
+    t = figs.forward_steps(x, block.params, cfg, mask)
+    assert set(figs.FORWARD_STEPS) <= set(t)
+    assert rel_error(t["y"], block(x, mask)) < EXACT_TOL
+    assert t["q"].shape == (2, 2, 4, 4) and t["u"].shape == (2, 4, 16)
+
+
+def test_forward_steps_override_recomputes_downstream(small):
+    cfg, block, x, mask, _ = small
+    t = figs.forward_steps(x, block.params, cfg, mask)
+    zero_a = figs.forward_steps(x, block.params, cfg, mask, override={"a": np.zeros_like(t["a"])})
+    assert np.array_equal(zero_a["x1"], x)                   # x1 = x + a with a = 0
+    assert np.array_equal(zero_a["h1"], t["h1"])             # upstream untouched
+
+
+def test_forward_steps_rejects_post_ln_and_dropout(small):
+    _, block, x, _, _ = small
+    for cfg in (BlockConfig(d_model=8, n_heads=2, d_ff=16, norm_first=False),
+                BlockConfig(d_model=8, n_heads=2, d_ff=16, dropout=0.1)):
+        with pytest.raises(ValueError, match="config"):
+            figs.forward_steps(x, block.params, cfg)
+
+
+def test_losses_give_the_block_gradients(small):
+    cfg, block, x, mask, w = small
+    block.zero_grad()
+    block(x, mask)
+    dx = block.backward(w)
+    fd_x = numerical_gradient(figs.intermediate_loss(x, block.params, cfg, w, "x", mask), x)
+    assert rel_error(dx, fd_x) < FD_TOL
+    name = "norm2.weight"
+    fd_p = numerical_gradient(figs.param_loss(x, block.params, cfg, w, name, mask), block.params[name])
+    assert rel_error(block.grads[name], fd_p) < FD_TOL
+    block.zero_grad()
+    with pytest.raises(ValueError, match="name"):
+        figs.intermediate_loss(x, block.params, cfg, w, "nope")
+    with pytest.raises(KeyError, match="name"):
+        figs.param_loss(x, block.params, cfg, w, "nope")
+
+
+def test_step_sweep_has_a_valley():
+    x = np.linspace(-1, 1, 5)
+    errors = figs.step_sweep(lambda z: float(np.sum(np.sin(z))), x, np.cos(x),
+                             np.array([1e-1, 1e-6, 1e-12]), numerical_gradient, rel_error)
+    assert errors.shape == (3,)
+    assert errors[1] < errors[0] and errors[1] < errors[2]
+
+
+def test_qk_logit_variance_is_d_h():
+    for d_h in (4, 64):
+        st = figs.qk_logit_stats(d_h)
+        assert abs(st["var"] / d_h - 1) < 0.15
+        assert abs(st["var_scaled"] - 1) < 0.15
+
+
+def test_softmax_saturation_without_scale():
+    sat = figs.softmax_saturation(128)
+    for kind in ("unscaled", "scaled"):
+        assert 0 <= sat[kind]["entropy"] <= np.log(16) + EXACT_TOL
+        assert np.allclose(sat[kind]["p"].sum(-1), 1)
+    assert sat["unscaled"]["entropy"] < 0.5 * sat["scaled"]["entropy"]
+    assert sat["unscaled"]["max_p"] > sat["scaled"]["max_p"]
+
+
+def test_gelu_difference_matches_the_published_bound():
+    d = figs.gelu_difference()
+    assert abs(d["max_abs"] - 4.7e-4) < 0.05e-4            # NUMBERS.md: about 4.7e-4
+    assert abs(d["x_at_max"] - 2.7) < 0.05                  # near |x| = 2.7
+    assert np.abs(d["diff"] - d["diff"][::-1]).max() < EXACT_TOL   # an even function
+
+
+@pytest.mark.parametrize("mask", list(figs.MASKS))
+def test_masked_attention(mask):
+    p, allowed = figs.masked_attention(mask)
+    assert p.shape == allowed.shape == (figs.MASK_S, figs.MASK_S)
+    assert np.all(p[~allowed] == 0)
+    visible = allowed.any(-1)
+    assert np.allclose(p[visible].sum(-1), 1)
+    assert np.all(p[~visible] == 0)
+    assert (~visible).sum() == (2 if mask.startswith("causal + left") else 0)
+
+
+def test_jacobian_via_backward_matches_finite_differences(small):
+    cfg, block, x, _, w = small
+    x0 = x[:1]
+    J = figs.jacobian_via_backward(block, x0)
+    assert J.shape == (x0.size, x0.size)
+    v = w[:1].ravel()
+    fd = numerical_gradient(lambda z: float(block(z).ravel() @ v), x0).ravel()
+    assert rel_error(v @ J, fd) < FD_TOL
+    assert all(not g.any() for g in block.grads.values())  # grads zeroed afterwards
+    with pytest.raises(ValueError, match="batch size 1"):
+        figs.jacobian_via_backward(block, x)
+
+
+def test_row_stats():
+    y = np.array([[[1.0, 3.0], [0.0, 0.0]]])
+    mean, std = figs.row_stats(y)
+    assert np.array_equal(mean, [2.0, 0.0]) and np.array_equal(std, [1.0, 0.0])
+
+
+def test_table_text_and_html():
+    t = figs.Table(["name", "err"], [("dx", 1.234e-9), ("a<b", 0.5)], caption="errors")
+    text = repr(t)
+    assert text.splitlines()[0] == "errors" and "1.2e-09" in text and "5.0e-01" in text
+    html = t._repr_html_()
+    assert "<caption>errors</caption>" in html and "a&lt;b" in html and html.count("<tr>") == 3
+    with pytest.raises(ValueError, match="rows"):
+        figs.Table(["a", "b"], [(1,)])
