@@ -8,7 +8,8 @@ assembles them and matches ``torch.nn.TransformerEncoderLayer`` given the same w
 from .block import PreLNTransformerBlock, TransformerBlock, default_heads, param_shapes
 from .config import BlockConfig
 from .precision import NAIVE, SAFE, Overflow, Policy, SUPPORTED_DTYPES, Watch
+from .stack import TransformerStack
 
 __version__ = "0.1.0"
 __all__ = ["BlockConfig", "TransformerBlock", "PreLNTransformerBlock", "Policy", "SAFE", "NAIVE",
-           "Overflow", "Watch", "SUPPORTED_DTYPES", "default_heads", "param_shapes"]
+           "Overflow", "Watch", "TransformerStack", "SUPPORTED_DTYPES", "default_heads", "param_shapes"]

@@ -75,7 +75,9 @@ def ensure_threads(n, argv):
         return
     env = dict(os.environ, **{v: str(n) for v in _THREAD_VARS})
     sys.stdout.flush()
-    os.execve(sys.executable, [sys.executable, "-m", "preln.bench", *argv], env)
+    main_spec = getattr(sys.modules["__main__"], "__spec__", None)
+    module = main_spec.name if main_spec is not None else __name__   # "preln.bench" under python -m
+    os.execve(sys.executable, [sys.executable, "-m", module, *argv], env)
 
 
 def blas_name():
@@ -201,6 +203,10 @@ def run_block(args, threads):
         if var in os.environ:
             print(f"- {var}={os.environ[var]} (left as set; numpy and torch both run under it)")
     print(f"- PyTorch: {torch_note}")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if load > 1.0:
+        print(f"- load average {load:.1f} on {machine_threads()} CPUs before the run: other processes "
+              "compete; the interleaved ratios are steadier than the absolute times")
     print(f"- median of {args.repeats} runs after {args.warmup} warm-up runs; "
           "numpy and torch interleaved pair by pair\n")
 
@@ -313,7 +319,8 @@ def run_widgets(args):
     if not found:
         print("No explorables yet: preln.figures.all_explorables() is empty.")
         return
-    print("plot = plot(**values); frame = plot + PNG render (what a live widget does per move).\n")
+    print("plot = the callback, plot(**values), judged against the target; frame = plot + PNG "
+          "render (what a live widget shows per move).\n")
     print("| explorable | frames | plot median ms | plot max ms | frame median ms | frame max ms | result |")
     print("|---|---:|---:|---:|---:|---:|---|")
     for name, (plot, controls) in sorted(found.items()):
@@ -330,9 +337,9 @@ def run_widgets(args):
             t2 = time.perf_counter()
             plot_ms.append((t1 - t0) * 1e3)
             frame_ms.append((t2 - t0) * 1e3)
-        worst = max(frame_ms)
-        print(f"| {name} | {len(plot_ms)} | {statistics.median(plot_ms):.1f} | {max(plot_ms):.1f} | "
-              f"{statistics.median(frame_ms):.1f} | {worst:.1f} | "
+        worst = max(plot_ms)   # the target is on the callback; the PNG render is shown alongside
+        print(f"| {name} | {len(plot_ms)} | {statistics.median(plot_ms):.1f} | {worst:.1f} | "
+              f"{statistics.median(frame_ms):.1f} | {max(frame_ms):.1f} | "
               f"{'PASS' if worst <= WIDGET_TARGET_MS else 'MISS'} |")
 
 

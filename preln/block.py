@@ -158,6 +158,13 @@ class TransformerBlock:
         self.params = new
         self.grads = {k: np.zeros_like(v) for k, v in new.items()}
 
+    @property
+    def cache(self):
+        """What the last forward kept for the backward: a :class:`BlockCache` of NamedTuples named
+        after the forward's variables (``cache.ln2.x`` is the input of norm2, ``cache.attn.sdpa.p``
+        the attention probabilities), or None. For reading: the backward uses it as it is."""
+        return self._cache
+
     def cache_nbytes(self):
         """Bytes the last forward keeps for the backward (activations only, parameters excluded)."""
         if self._cache is None:

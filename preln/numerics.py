@@ -17,6 +17,9 @@ residual stream's growth with depth, error against float64, and loss scaling.
 """
 from __future__ import annotations
 
+import contextlib
+import copy
+import ctypes
 import functools
 import math
 
@@ -210,11 +213,43 @@ def stack_config(d):
     return BlockConfig(d_model=d, n_heads=default_heads(d), d_ff=4 * d)
 
 
+@functools.lru_cache(maxsize=72)     # the overflow map's 3 widths x 24 blocks
+def _block64(d, seed):
+    """Block ``seed`` of a stack in float64, its weights drawn once per (d, seed): the template of
+    :func:`_block` (never run; its gradient buffers are dropped)."""
+    block = TransformerBlock(stack_config(d), dtype=np.float64, seed=seed, trace=True).eval()
+    block.grads = {}
+    for v in block.params.values():
+        v.setflags(write=False)
+    return block
+
+
+@functools.lru_cache(maxsize=256)
+def _weights(d, dtype_name, seed):
+    """The float64 weights of block (d, seed) rounded to the dtype once, for every policy."""
+    out = {k: v.astype(DTYPES[dtype_name]) for k, v in _block64(d, seed).params.items()}
+    for v in out.values():
+        v.setflags(write=False)
+    return out
+
+
 @functools.lru_cache(maxsize=512)
 def _block(d, dtype_name, policy, seed):
-    """Block ``seed`` of a stack (weights depend only on d and seed, then rounded to the dtype)."""
-    return TransformerBlock(stack_config(d), dtype=DTYPES[dtype_name], seed=seed, policy=policy,
-                            trace=True).eval()
+    """Block ``seed`` of a stack (weights depend only on d and seed, then rounded to the dtype).
+
+    The forward of ``TransformerBlock(stack_config(d), dtype, seed=seed, policy=policy,
+    trace=True).eval()``, whose initialisation draws the weights in float64 and rounds them to the
+    dtype, without drawing and rounding them again for every dtype and policy: the float64 block of
+    (d, seed) is copied and given the dtype, the policy, its generator's state after the draws and
+    the weights rounded once per dtype (:func:`_weights`, read-only, shared by the policies).
+    For the forward only: it has no gradient buffers.
+    """
+    base = _block64(d, seed)
+    block = copy.copy(base)
+    block.dtype, block.policy = DTYPES[dtype_name], resolve_policy(policy)
+    block.rng = copy.deepcopy(base.rng)
+    block.params, block.grads = dict(_weights(d, dtype_name, seed)), {}
+    return block
 
 
 #: categories of :func:`overflow_grid`
@@ -283,15 +318,61 @@ GRID_POLICIES = ("naive", "safe")
 
 
 @functools.lru_cache(maxsize=None)
+def _openblas_threads():
+    """(get, set) of the OpenBLAS thread count numpy uses, or None where it cannot be found
+    (another BLAS, no /proc): the ``openblas_{get,set}_num_threads`` that threadpoolctl calls."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "openblas" in line.lower()}
+    except OSError:
+        return None
+    for path in sorted(p for p in paths if ".so" in p):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for prefix, suffix in (("scipy_openblas", "64_"), ("scipy_openblas", ""),
+                               ("openblas", "64_"), ("openblas", "")):
+            get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
+            set_ = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
+            if get is not None and set_ is not None:
+                return get, set_
+    return None
+
+
+@contextlib.contextmanager
+def _one_blas_thread():
+    """Run the enclosed matmuls on one BLAS thread, then restore the thread count.
+
+    The overflow grid's matmuls are tiny ((32, d) x (d, 4d)), but above OpenBLAS's threshold
+    (m n k >= 262144) they are split over every thread; waking the other threads costs more than
+    the product itself, by up to ~15 ms a call on a busy 2-CPU machine. OpenBLAS splits the
+    output, not the sum over k, so every element -- and the grid -- is the same on one thread.
+    """
+    threads = _openblas_threads()
+    n = threads[0]() if threads is not None else 1
+    if n <= 1:
+        yield
+        return
+    threads[1](1)
+    try:
+        yield
+    finally:
+        threads[1](n)
+
+
+@functools.lru_cache(maxsize=None)
 def overflow_grid(dtype="float16", policy="naive", d=64, depth=GRID_DEPTH, scales=GRID_SCALES,
                   tokens=2):
     """Status (index into STATUS) of the residual stream for every input rms and depth.
 
-    One batched :func:`residual_stream` run (a batch row per input rms). Cached: the first call
-    for a setting runs the blocks, later calls are free. Returns ``status`` (depth, n_scales)
-    for blocks 1 .. depth.
+    One batched :func:`residual_stream` run (a batch row per input rms), on one BLAS thread (see
+    :func:`_one_blas_thread`). Cached: the first call for a setting runs the blocks, later calls
+    are free. Returns ``status`` (depth, n_scales) for blocks 1 .. depth.
     """
-    run = residual_stream(d, list(scales), depth, dtype, policy, tokens=tokens, batch=len(scales))
+    with _one_blas_thread():
+        run = residual_stream(d, list(scales), depth, dtype, policy, tokens=tokens,
+                              batch=len(scales))
     out = run["status"][:, 1:].T.copy()                               # (depth, n_scales)
     out.setflags(write=False)
     return out

@@ -310,7 +310,7 @@ def observed_shapes(block, y):
     the input of the op after it: LN1's output is what in_proj kept, and so on. Ops whose output
     nothing keeps are found through the residual sums (``a = x1 - x``) or ``y``.
     """
-    c = block._cache
+    c = block.cache
     if c is None:
         raise RuntimeError("block: no forward cache; call y = block(x) first")
     from .ops.attention import merge_heads

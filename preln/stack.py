@@ -89,6 +89,11 @@ class TransformerStack:
         self._norm_cache = None
         self._shape = None
 
+    @property
+    def norm_cache(self):
+        """The final LayerNorm's cache from the last forward (None without a final norm)."""
+        return self._norm_cache
+
     # ---- parameters --------------------------------------------------------------------------
     @property
     def params(self):

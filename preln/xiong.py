@@ -82,7 +82,7 @@ def residual_norms(norm_first, n_layers, d=64, n_tokens=16, batch=32, seeds=rang
         if norm_first:
             vals = [np.mean(np.sum(h ** 2, axis=-1)) / d for h in hidden]
         else:   # the second LayerNorm's input, kept in the block's cache for its backward
-            vals = [np.mean(np.sum(layer._cache.ln2.x ** 2, axis=-1)) / d for layer in stack.layers]
+            vals = [np.mean(np.sum(layer.cache.ln2.x ** 2, axis=-1)) / d for layer in stack.layers]
         total = np.array(vals) if total is None else total + vals
     return total / len(seeds)
 
@@ -142,9 +142,9 @@ def last_layer_sample_grad_norm(norm_first, n_layers, d=64, n_tokens=16, batch=3
         _, cache = cross_entropy_forward(logits, targets)
         dy = cross_entropy_backward(float(targets.size), cache) @ w_emb     # d(sum_i loss_i)/dy
         last = stack.layers[-1]
-        ln = stack._norm_cache if norm_first else last._cache.ln2          # the LayerNorm after z
+        ln = stack.norm_cache if norm_first else last.cache.ln2          # the LayerNorm after z
         dz = layer_norm_backward(dy, ln)[0]                                 # (B, n, d)
-        h = last._cache.mlp.linear2.x                                       # (B, n, d_ff)
+        h = last.cache.mlp.linear2.x                                       # (B, n, d_ff)
         total += np.mean(np.linalg.norm(dz, axis=-1) * np.linalg.norm(h, axis=-1))
     return total / len(seeds)
 

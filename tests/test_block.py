@@ -74,7 +74,7 @@ def test_block_gradients(norm_first, variant, rng, block_factory):
     bad = {k: v for k, v in errors.items() if not v < GRAD_RTOL_F64}
     assert not bad, bad
     if block.config.dropout:
-        assert not block._cache.mlp.hidden_mask.all()            # dropout was really applied
+        assert not block.cache.mlp.hidden_mask.all()            # dropout was really applied
 
 
 @pytest.mark.parametrize("activation", ["gelu_tanh", "relu"])
@@ -199,13 +199,13 @@ def test_eval_tiled_equals_train_plain(dtype, tol, norm_first, causal, rng):
     w = rng.standard_normal((B, S, D)).astype(dtype)
 
     y_train = block(x, kpm)
-    assert block._cache.attn.sdpa.p is not None               # training keeps P
+    assert block.cache.attn.sdpa.p is not None               # training keeps P
     dx_train = block.backward(w)
     g_train = {k: g.copy() for k, g in block.grads.items()}
 
     block.eval().zero_grad()
     y_eval = block(x, kpm)
-    assert block._cache.attn.sdpa.p is None                   # eval ran tiled and kept no P
+    assert block.cache.attn.sdpa.p is None                   # eval ran tiled and kept no P
     assert y_eval.dtype == dtype and np.isfinite(y_eval).all()
     assert scaled_error(y_eval, y_train) < tol
     dx_eval = block.backward(w)                               # backward after eval: P recomputed

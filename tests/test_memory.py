@@ -79,8 +79,8 @@ def test_training_cache_holds_the_probabilities_and_is_reported():
     probs = B * H * S * S * 4                             # float32 (B, H, S, S) P
     nbytes = block.cache_nbytes()
     assert nbytes >= probs
-    assert block._cache.attn.sdpa.p.nbytes == probs
+    assert block.cache.attn.sdpa.p.nbytes == probs
     block.eval()
     block(x)
-    assert block._cache.attn.sdpa.p is None
+    assert block.cache.attn.sdpa.p is None
     assert block.cache_nbytes() == nbytes - probs         # the eval cache is the same minus P

@@ -169,3 +169,57 @@ def test_dynamic_loss_scaling_backs_off_and_grows():
     i = int(np.argmax(ok))                                    # first finite step
     assert i + 3 < len(run["scale"]) and not run["skipped"][i:i + 3].any()
     assert run["scale"][i + 3] == 2 * run["scale"][i]         # doubled after 3 finite steps
+
+
+# ---- the overflow map's blocks: weights drawn once per (d, seed), the same blocks -----------------
+
+def _fresh_block(d, dtype_name, policy, seed):
+    """What numerics._block stands for: a block initialised from scratch in the dtype."""
+    return preln.TransformerBlock(numerics.stack_config(d), dtype=numerics.DTYPES[dtype_name],
+                                  seed=seed, policy=policy, trace=True).eval()
+
+
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("policy", ["naive", "safe"])
+def test_cached_block_is_the_freshly_initialised_block(dtype_name, policy):
+    for d, seed in ((16, 3), (32, 1)):
+        cached, fresh = numerics._block(d, dtype_name, policy, seed), _fresh_block(d, dtype_name, policy, seed)
+        assert cached.dtype == fresh.dtype and cached.policy == fresh.policy
+        assert not cached.training and cached.trace
+        assert cached.rng.bit_generator.state == fresh.rng.bit_generator.state
+        assert cached.params.keys() == fresh.params.keys()
+        for k, v in fresh.params.items():
+            assert cached.params[k].dtype == v.dtype
+            assert np.array_equal(cached.params[k].view(np.uint8), v.view(np.uint8)), k
+        x = np.random.default_rng(0).standard_normal((2, 3, d)) * 40
+        with np.errstate(all="ignore"):
+            y_cached, y_fresh = cached(x), fresh(x)
+        assert np.array_equal(y_cached.view(np.uint8), y_fresh.view(np.uint8))
+        assert cached.overflow == fresh.overflow
+
+
+def test_cached_block_weights_are_shared_and_read_only():
+    a, b = numerics._block(16, "float16", "naive", 5), numerics._block(16, "float16", "safe", 5)
+    assert a is not b and a.policy != b.policy
+    assert all(a.params[k] is b.params[k] and not a.params[k].flags.writeable for k in a.params)
+
+
+def test_overflow_grid_is_the_grid_of_fresh_blocks(monkeypatch):
+    args = dict(d=16, depth=3, scales=(1.0, 64.0, 2.0 ** 15), tokens=2)
+    for dtype_name, policy in (("float16", "naive"), ("float16", "safe"), ("bfloat16", "naive")):
+        cached = numerics.overflow_grid(dtype_name, policy, **args)
+        with monkeypatch.context() as m:
+            m.setattr(numerics, "_block", _fresh_block)
+            run = numerics.residual_stream(args["d"], list(args["scales"]), args["depth"], dtype_name,
+                                           policy, tokens=2, batch=3)
+        assert np.array_equal(cached, run["status"][:, 1:].T)
+
+
+def test_one_blas_thread_restores_the_thread_count():
+    threads = numerics._openblas_threads()
+    if threads is None:
+        pytest.skip("numpy's OpenBLAS was not found")
+    before = threads[0]()
+    with numerics._one_blas_thread():
+        assert threads[0]() == 1
+    assert threads[0]() == before

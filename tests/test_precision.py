@@ -95,15 +95,15 @@ def test_naive_float16_trace_names_norm1_variance(rms100):
     assert "norm1.variance" in str(ov) and "float16" in str(ov)
     # The failure is silent: the variance is inf, rstd = 1/sqrt(inf) = 0, and both LayerNorms
     # output exactly zero (beta) -- finite, no NaN, just wrong.
-    np.testing.assert_array_equal(b._cache.ln1.rstd, 0)     # rstd = 1/sqrt(inf + eps)
-    h1 = b._cache.attn.in_proj.x                     # LN1(x), the attention's input
-    h2 = b._cache.mlp.linear1.x                      # LN2(x1), the MLP's input
+    np.testing.assert_array_equal(b.cache.ln1.rstd, 0)     # rstd = 1/sqrt(inf + eps)
+    h1 = b.cache.attn.in_proj.x                     # LN1(x), the attention's input
+    h2 = b.cache.mlp.linear1.x                      # LN2(x1), the MLP's input
     assert not np.isnan(y.astype(np.float64)).any()
     np.testing.assert_array_equal(h1, 0)
     np.testing.assert_array_equal(h2, 0)
     safe = _block(np.float16, sd)
     safe(x)
-    assert np.abs(safe._cache.attn.in_proj.x.astype(np.float64)).max() > 1   # the safe LN is not 0
+    assert np.abs(safe.cache.attn.in_proj.x.astype(np.float64)).max() > 1   # the safe LN is not 0
 
 
 def test_no_trace_no_overflow_record(rms100):

@@ -150,5 +150,5 @@ def test_eval_mode_tiled_matches_torch_eval(norm_first, mask):
     x, w = rng.standard_normal((B, S_long, D)), rng.standard_normal((B, S_long, D))
     kpm = padding_mask(S_long) if "padding" in mask else None
     errors = compare(block, layer, x, kpm, w)
-    assert block._cache.attn.sdpa.p is None                       # the tiled path ran
+    assert block.cache.attn.sdpa.p is None                       # the tiled path ran
     assert max(errors.values()) < TORCH_TOL_F64, errors

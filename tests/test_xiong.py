@@ -14,7 +14,7 @@ def test_theory_stack_has_uniform_attention():
     stack = xiong.theory_stack(True, 2, d=16, seed=0)
     x = np.random.default_rng(0).standard_normal((2, 5, 16))
     stack(x)
-    p = stack.layers[1]._cache.attn.sdpa.p                    # (B, H, S, S)
+    p = stack.layers[1].cache.attn.sdpa.p                    # (B, H, S, S)
     np.testing.assert_allclose(p, 1 / 5, rtol=1e-12)
     assert stack.config.n_heads == 1 and stack.config.d_ff == 16 and stack.config.activation == "relu"
 

@@ -23,12 +23,21 @@ __all__ = ["EXPLORABLES", "plot_ops", "ops_alt", "plot_flops_split", "flops_spli
 OPS_CONTROLS = {"S": [128, 1024, 8192], "D": [64, 256, 1024], "H": [1, 4, 16]}
 OPS_B = 1
 #: fixed axis limits, so that moving a control moves the bars, not the axes
-_FLOPS_LIM = (1e3, 1e13)
-_BYTES_LIM = (1e3, 1e11)
+_FLOPS_LIM = (1e3, 1e12)
+_BYTES_LIM = (1e3, 1e10)
 
 #: the explorable over the FLOP split against S
 SPLIT_CONTROLS = {"D": [64, 256, 1024], "ratio": [2, 4, 8]}
 SPLIT_S = np.unique(np.logspace(4, 16, 49, base=2).round().astype(int))   # 16 .. 65536
+
+
+def _figure(figsize, *grid, **kwargs):
+    """A Figure and its axes, made without pyplot: nothing is registered with a backend, so a
+    notebook shows the figure once, as the cell's value, and re-running stores the same output."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(*grid, **kwargs)
 
 
 def _shape(shape):
@@ -43,14 +52,12 @@ def _ops_config(D, H):
 
 def plot_ops(S=512, D=64, H=4, B=OPS_B, training=True):
     """Horizontal bars per op: FLOPs (left) and bytes written / kept for the backward (right)."""
-    import matplotlib.pyplot as plt
-
     flow = shape_flow(_ops_config(D, H), B, S, training=training)
     rows = flow.rows
     y = np.arange(len(rows))[::-1]
     labels = [f"{r.name}  " + (f"{len(r.outputs)} x " if len(r.outputs) > 1 else "") + _shape(r.output)
               for r in rows]
-    fig, (ax_f, ax_b) = plt.subplots(1, 2, figsize=(9.5, 4.8), sharey=True)
+    fig, (ax_f, ax_b) = _figure((8.0, 5.2), 1, 2, sharey=True)
 
     # bars as thick horizontal lines: one LineCollection per series draws ~10x faster than patches
     flops = np.array([r.flops for r in rows], dtype=float)
@@ -61,9 +68,9 @@ def plot_ops(S=512, D=64, H=4, B=OPS_B, training=True):
     ax_f.set_xscale("log")
     ax_f.set_xlim(*_FLOPS_LIM)
     ax_f.set_ylim(-0.7, len(rows) - 0.3)
-    ax_f.set_yticks(y, labels, fontsize=8)
+    ax_f.set_yticks(y, labels, fontsize=8.5)
+    ax_f.set_xticks([1e3, 1e5, 1e7, 1e9, 1e11])
     ax_f.set_xlabel("FLOPs (multiply-add = 2)")
-    ax_f.legend(loc="lower right", fontsize=8)
 
     out = np.array([r.out_bytes for r in rows], dtype=float)
     kept = np.array([r.kept_bytes for r in rows], dtype=float)
@@ -73,14 +80,15 @@ def plot_ops(S=512, D=64, H=4, B=OPS_B, training=True):
         ax_b.hlines(y[sel] + dy, _BYTES_LIM[0], values[sel], colors=colour, lw=5.5, label=label)
     ax_b.set_xscale("log")
     ax_b.set_xlim(*_BYTES_LIM)
+    ax_b.set_xticks([1e3, 1e5, 1e7, 1e9])
     ax_b.set_xlabel("bytes (float32)")
-    ax_b.legend(loc="lower right", fontsize=8)
     for ax in (ax_f, ax_b):
         ax.grid(axis="y", visible=False)
         ax.minorticks_off()
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize=8)
     t = flow.totals
     fig.suptitle(f"B={B}, S={S}, D={D}, H={H}, F={4 * D}:  {format_count(t['flops'])}FLOP, "
-                 f"keeps {format_bytes(t['kept_bytes'])}", fontsize=11)
+                 f"keeps {format_bytes(t['kept_bytes'])}", fontsize=10)
     return fig
 
 
@@ -109,20 +117,18 @@ def _split(S, D, F, B=1):
 
 def plot_flops_split(D=64, ratio=4):
     """Matmul FLOPs per token against S: projections (flat) vs attention (grows with S)."""
-    import matplotlib.pyplot as plt
-
     F = ratio * D
     proj, attn = _split(SPLIT_S, D, F)
-    fig, ax = plt.subplots(figsize=(5.8, 3.6))
+    fig, ax = _figure((5.8, 3.6))
     ax.loglog(SPLIT_S, proj / SPLIT_S, label="projections 2(4D² + 2DF)", color=PALETTE[0])
     ax.loglog(SPLIT_S, attn / SPLIT_S, label="attention 4SD", color=PALETTE[1])
     ax.loglog(SPLIT_S, (proj + attn) / SPLIT_S, label="total", color=PALETTE[6], ls="--", lw=1.5)
     s_star = 2 * D + F
     ax.axvline(s_star, color=PALETTE[2], lw=1.2, ls=":")
-    ax.annotate(f"S* = 2D + F = {s_star}", (s_star, 2e4), xytext=(5, 0),
+    ax.annotate(f"S* = 2D + F = {s_star}", (s_star, 2e3), xytext=(5, 0),
                 textcoords="offset points", fontsize=9, color=PALETTE[2])
     ax.set_xlim(SPLIT_S[0], SPLIT_S[-1])
-    ax.set_ylim(1e4, 1e11)
+    ax.set_ylim(1e3, 1e9)
     ax.set_xlabel("sequence length S (tokens)")
     ax.set_ylabel("matmul FLOPs per token")
     ax.set_title(f"D = {D}, F = {ratio}D = {F}")
@@ -147,38 +153,57 @@ EXPLORABLES = {
 
 # ---- tables ----------------------------------------------------------------------------------
 
+_TD = "padding:0.15em 0.5em;vertical-align:top;white-space:nowrap"
+_TDR = _TD + ";text-align:right"
+
+
 def shape_table_html(flow):
-    """An HTML table of a :class:`preln.shapes.ShapeFlow`: one row per op, then the totals."""
+    """An HTML table of a :class:`preln.shapes.ShapeFlow`: one row per op, then the totals.
+
+    Inline styles only (no stylesheet needed): small type, one line per tensor, and a horizontal
+    scroll bar on narrow screens rather than shapes broken across lines.
+    """
     e = html.escape
-    head = ("<tr><th>#</th><th>op</th><th>computes</th><th>reads</th><th>writes</th>"
-            "<th style='text-align:right'>FLOPs</th><th style='text-align:right'>written</th>"
-            "<th>kept for backward</th><th style='text-align:right'>kept</th></tr>")
+
+    def th(text, right=False):
+        return f"<th style='{_TDR if right else _TD}'>{text}</th>"
+
+    def td(text, right=False):
+        return f"<td style='{_TDR if right else _TD}'>{text}</td>"
+
+    # the numbers first, the input list last: on a narrow page it is what scrolls out of view
+    head = "<tr>" + "".join([th("#"), th("op: computes"), th("writes"), th("FLOPs", True),
+                             th("written", True), th("kept", True), th("kept for backward"),
+                             th("reads")]) + "</tr>"
     body = []
     for i, r in enumerate(flow.rows, 1):
         reads = "<br>".join(f"{e(n)} {_shape(s)}" for n, s in r.inputs)
-        writes = "<br>".join(f"{e(n)} {_shape(s)}" for n, s in r.outputs)
+        out_dt = "" if r.out_dtype == flow.dtype else f" {r.out_dtype.name}"
+        writes = "<br>".join(f"{e(n)} {_shape(s)}{out_dt}" for n, s in r.outputs)
         if r.out_bytes == 0 and r.outputs:
-            writes += " <em>(view)</em>"
-        kept = "<br>".join(f"{e(n)} {_shape(s)} {np.dtype(d).name}" for n, s, d in r.kept) or "&mdash;"
-        body.append(
-            f"<tr><td>{i}</td><td><code>{e(r.name)}</code></td><td><code>{e(r.equation)}</code></td>"
-            f"<td>{reads}</td><td>{writes}</td>"
-            f"<td style='text-align:right'>{format_count(r.flops)}</td>"
-            f"<td style='text-align:right'>{format_bytes(r.out_bytes)}</td>"
-            f"<td>{kept}</td><td style='text-align:right'>{format_bytes(r.kept_bytes)}</td></tr>")
+            writes += " <em>(views)</em>" if len(r.outputs) > 1 else " <em>(view)</em>"
+        kept = "<br>".join(f"{e(n)} {_shape(s)}" + ("" if np.dtype(d) == flow.dtype
+                                                     else f" {np.dtype(d).name}")
+                           for n, s, d in r.kept) or "&mdash;"
+        body.append("<tr>" + "".join([
+            td(i), td(f"<code>{e(r.name)}</code><br>{e(r.equation)}"), td(writes),
+            td(format_count(r.flops), True), td(format_bytes(r.out_bytes), True),
+            td(format_bytes(r.kept_bytes), True), td(kept), td(reads)]) + "</tr>")
     t = flow.totals
-    body.append(
-        f"<tr><td></td><td><strong>total</strong></td><td colspan='3'>matmuls "
-        f"{format_count(t['matmul_flops'])}FLOP = closed form {format_count(t['closed_form_flops'])}"
-        f"FLOP</td><td style='text-align:right'><strong>{format_count(t['flops'])}</strong></td>"
-        f"<td style='text-align:right'><strong>{format_bytes(t['out_bytes'])}</strong></td><td></td>"
-        f"<td style='text-align:right'><strong>{format_bytes(t['kept_bytes'])}</strong></td></tr>")
+    body.append("<tr style='border-top:2px solid currentColor'>" + "".join([
+        td(""), td("<strong>total</strong>"), td(""),
+        td(f"<strong>{format_count(t['flops'])}</strong>", True),
+        td(f"<strong>{format_bytes(t['out_bytes'])}</strong>", True),
+        td(f"<strong>{format_bytes(t['kept_bytes'])}</strong>", True),
+        f"<td colspan='2' style='{_TD}'>matmuls {format_count(t['matmul_flops'])}FLOP "
+        f"= closed form {format_count(t['closed_form_flops'])}FLOP</td>"]) + "</tr>")
     cfg = flow.config
     caption = (f"B = {flow.B}, S = {flow.S}, D = {cfg.d_model}, H = {cfg.n_heads}, "
-               f"F = {cfg.d_ff}, {flow.dtype.name}, {'training' if flow.training else 'eval'} "
-               f"mode ({flow.path} attention)")
-    return (f"<table class='preln-shape-table'><caption>{e(caption)}</caption><thead>{head}</thead>"
-            f"<tbody>{''.join(body)}</tbody></table>")
+               f"F = {cfg.d_ff}; {'training' if flow.training else 'eval'} mode "
+               f"({flow.path} attention); every tensor {flow.dtype.name} unless noted")
+    return (f"<div style='overflow-x:auto'><table class='preln-shape-table' "
+            f"style='font-size:0.75em;border-collapse:collapse'><caption>{e(caption)}</caption>"
+            f"<thead>{head}</thead><tbody>{''.join(body)}</tbody></table></div>")
 
 
 def live_shape_table(B=2, S=128, D=64, H=4, F=256):
@@ -209,16 +234,21 @@ def live_shape_table(B=2, S=128, D=64, H=4, F=256):
 
 # ---- section 2: complexity -------------------------------------------------------------------
 
+def _size_ticks(ax, sizes):
+    """Label a log x axis at the measured sizes only (no crowded minor labels)."""
+    ax.minorticks_off()
+    ax.set_xticks(list(sizes), [str(int(v)) for v in sizes])
+
+
 def plot_flops_vs_size(sizes_S, flops_S, fit_S, sizes_D, flops_D, fit_D, S_fixed, D_fixed):
     """Counted FLOPs against S (fixed D) and against D (fixed S), with the fitted power laws."""
-    import matplotlib.pyplot as plt
-
-    fig, (ax_s, ax_d) = plt.subplots(1, 2, figsize=(8.5, 3.4))
+    fig, (ax_s, ax_d) = _figure((8.5, 3.4), 1, 2)
     for ax, x, y, fit, label, fixed in ((ax_s, sizes_S, flops_S, fit_S, "S", f"D = {D_fixed}"),
                                         (ax_d, sizes_D, flops_D, fit_D, "D", f"S = {S_fixed}")):
         ax.loglog(x, y, "o", color=PALETTE[0], label="sum of the rows")
         ax.loglog(x, fit(x), "-", color=PALETTE[1], lw=1.5,
                   label=f"fit $\\propto {label}^{{{fit.exponent:.2f}}}$")
+        _size_ticks(ax, x)
         ax.set_xlabel(f"{'sequence length' if label == 'S' else 'model width'} {label}")
         ax.set_ylabel("forward FLOPs")
         ax.set_title(f"growing {label}, {fixed}, B = 1")
@@ -227,14 +257,12 @@ def plot_flops_vs_size(sizes_S, flops_S, fit_S, sizes_D, flops_D, fit_D, S_fixed
 
 
 def plot_timings(sizes_S, times_S, fit_S, sizes_D, times_D, fit_D, S_fixed, D_fixed, fit_mask_S=None,
-                 fit_mask_D=None):
+                 fit_mask_D=None, B_S=1, B_D=1):
     """Measured forward times against S and D, log-log, with the fitted slopes."""
-    import matplotlib.pyplot as plt
-
-    fig, (ax_s, ax_d) = plt.subplots(1, 2, figsize=(8.5, 3.4))
+    fig, (ax_s, ax_d) = _figure((8.5, 3.4), 1, 2)
     for ax, x, t, fit, mask, label, fixed in (
-            (ax_s, sizes_S, times_S, fit_S, fit_mask_S, "S", f"D = {D_fixed}"),
-            (ax_d, sizes_D, times_D, fit_D, fit_mask_D, "D", f"S = {S_fixed}")):
+            (ax_s, sizes_S, times_S, fit_S, fit_mask_S, "S", f"D = {D_fixed}, B = {B_S}"),
+            (ax_d, sizes_D, times_D, fit_D, fit_mask_D, "D", f"S = {S_fixed}, B = {B_D}")):
         x, t = np.asarray(x), np.asarray(t)
         mask = np.ones(len(x), bool) if mask is None else np.asarray(mask)
         ax.loglog(x[mask], 1e3 * t[mask], "o", color=PALETTE[0], label="measured (fitted)")
@@ -244,6 +272,7 @@ def plot_timings(sizes_S, times_S, fit_S, sizes_D, times_D, fit_D, S_fixed, D_fi
         xs = x[mask]
         ax.loglog(xs, 1e3 * fit(xs), "-", color=PALETTE[1], lw=1.5,
                   label=f"fit $\\propto {label}^{{{fit.exponent:.2f}}}$")
+        _size_ticks(ax, x)
         ax.set_xlabel(f"{'sequence length' if label == 'S' else 'model width'} {label}")
         ax.set_ylabel("forward CPU time (ms)")
         ax.set_title(f"growing {label}, {fixed}")
@@ -256,10 +285,8 @@ def plot_timings(sizes_S, times_S, fit_S, sizes_D, times_D, fit_D, S_fixed, D_fi
 def plot_peak_memory(S_plain, peak_plain, S_tiled, peak_tiled, S_formula, p_bytes_formula,
                      S_cross=None):
     """Measured peak bytes of the plain and tiled paths against S, with B H S^2 x 4 bytes."""
-    import matplotlib.pyplot as plt
-
     MiB = 2.0 ** 20
-    fig, ax = plt.subplots(figsize=(6.0, 3.8))
+    fig, ax = _figure((6.0, 3.8))
     ax.loglog(S_formula, np.asarray(p_bytes_formula) / MiB, "--", color=PALETTE[6], lw=1.2,
               label="one (B, H, S, S) float32 tensor")
     ax.loglog(S_plain, np.asarray(peak_plain) / MiB, "o-", color=PALETTE[1],
@@ -270,6 +297,7 @@ def plot_peak_memory(S_plain, peak_plain, S_tiled, peak_tiled, S_formula, p_byte
         ax.axvline(S_cross, color=PALETTE[2], lw=1.2, ls=":")
         ax.annotate(f"P outweighs the\nrest of the cache\nat S = {S_cross}", (S_cross, 0.3),
                     xytext=(4, 0), textcoords="offset points", fontsize=8, color=PALETTE[2])
+    _size_ticks(ax, S_tiled)
     ax.set_xlabel("sequence length S (tokens)")
     ax.set_ylabel("peak memory of one forward (MiB)")
     ax.legend(fontsize=8, loc="upper left")

@@ -103,7 +103,8 @@ def activation_backward(dout, cache):  # (...) -> (...)
     xc = x.astype(ct, copy=False)
     if kind == "gelu":
         grad, e = normal_cdf(xc, with_exp=True)                            # Phi(x), exp(-x^2/2)
-        grad += xc * ct.type(INV_SQRT_2PI) * e                             # + x phi(x)
+        e *= xc * ct.type(INV_SQRT_2PI)                                    # x phi(x), in e's memory
+        grad += e                                                          # Phi(x) + x phi(x)
     elif kind == "gelu_tanh":
         u = ct.type(SQRT_2_OVER_PI) * (xc + ct.type(GELU_TANH_COEF) * xc ** 3)
         t = np.tanh(u)
