@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..precision import SAFE, compute_dtype, no_watch
+from ..precision import SAFE, compute_dtype, matmul, no_watch
 from .dropout import dropout_backward, dropout_forward
 from .softmax import softmax_backward, softmax_forward
 
@@ -63,8 +63,8 @@ def _scores(q, k, policy, ct):  # (B, H, Sq, d_h), (B, H, Sk, d_h) -> (B, H, Sq,
     scale = ct.type(1.0 / np.sqrt(q.shape[-1]))
     qc, kt = q.astype(ct, copy=False), k.astype(ct, copy=False).swapaxes(-1, -2)
     if policy.prescale_queries:
-        return (qc * scale) @ kt
-    return (qc @ kt) * scale                                          # the logits exist unscaled first
+        return matmul(qc * scale, kt)
+    return matmul(qc, kt) * scale                                     # the logits exist unscaled first
 
 
 def attention_forward(q, k, v, key_padding_mask=None, causal=False, dropout_p=0.0, rng=None,
@@ -81,7 +81,7 @@ def attention_forward(q, k, v, key_padding_mask=None, causal=False, dropout_p=0.
         s += bias.astype(ct, copy=False)                              # s is ours: add in place
     p, _ = softmax_forward(s, -1, policy, watch)                      # (B, H, S, S)
     pd, drop_mask = dropout_forward(p, dropout_p, rng)
-    out = watch("weighted_sum", pd @ v.astype(ct, copy=False), pd, v)  # (B, H, S, d_h)
+    out = watch("weighted_sum", matmul(pd, v.astype(ct, copy=False)), pd, v)  # (B, H, S, d_h)
     cache = AttentionCache(q, k, v, p.astype(q.dtype, copy=False) if keep_probs else None,
                            drop_mask, dropout_p, key_padding_mask, causal, policy)
     return out.astype(q.dtype, copy=False), cache
@@ -107,7 +107,7 @@ def attention_backward(dout, cache, out=None):  # (B, H, S, d_h) -> dq, dk, dv, 
     pc = p.astype(ct, copy=False)
     pd, _ = dropout_forward(pc, dropout_p, None, drop_mask)           # out = dropout(P) V
     dv = np.matmul(pd.swapaxes(-1, -2), doc, out=dv)                  # (B, H, S, d_h)
-    dpd = doc @ v.astype(ct, copy=False).swapaxes(-1, -2)             # (B, H, S, S)
+    dpd = matmul(doc, v.astype(ct, copy=False).swapaxes(-1, -2))      # (B, H, S, S)
     dp = dropout_backward(dpd, drop_mask, dropout_p)
     ds = softmax_backward(dp, pc, -1, policy)                         # P = softmax(S)
     tau = ct.type(1.0 / np.sqrt(q.shape[-1]))
@@ -157,7 +157,7 @@ def flash_attention_forward(q, k, v, key_padding_mask=None, causal=False, policy
             p = watch("exp", np.exp(p, out=p), s)                     # exp in place: one tile-sized array
             alpha = np.exp(m - shift)                                 # rescales the tiles before; 0 at m = -inf
             l = alpha * l + p.sum(axis=-1, keepdims=True, dtype=ct)
-            o = alpha * o + p @ v[:, :, j0:j1].astype(ct, copy=False)
+            o = alpha * o + matmul(p, v[:, :, j0:j1].astype(ct, copy=False))
             m = m_new
         out[:, :, i0:i1] = watch("normalize", o / np.where(l == 0, 1, l), o)  # fully masked: 0
     return out

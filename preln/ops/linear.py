@@ -3,7 +3,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..precision import SAFE, compute_dtype
+from ..precision import SAFE, compute_dtype, matmul
 
 
 class LinearCache(NamedTuple):
@@ -19,7 +19,7 @@ def linear_forward(x, w, b, policy=SAFE):  # (..., in), (out, in), (out,) -> (..
     """
     ct = compute_dtype(x.dtype, policy)
     x2 = x.reshape(-1, x.shape[-1]).astype(ct, copy=False)  # (N, in), N = prod(leading axes)
-    out = x2 @ w.astype(ct, copy=False).T                     # (N, out)
+    out = matmul(x2, w.astype(ct, copy=False).T)              # (N, out)
     if b is not None:
         out += b.astype(ct, copy=False)
     out = out.reshape(*x.shape[:-1], w.shape[0])              # (..., out)
@@ -32,8 +32,8 @@ def linear_backward(dout, cache, policy=SAFE):  # (..., out) -> (..., in), (out,
     ct = compute_dtype(dout.dtype, policy)
     d2 = dout.reshape(-1, dout.shape[-1]).astype(ct, copy=False)  # (N, out)
     x2 = x.reshape(-1, x.shape[-1]).astype(ct, copy=False)        # (N, in)
-    dx = (d2 @ w.astype(ct, copy=False)).reshape(x.shape)         # out = x W^T  =>  dx = dout W
-    dw = d2.T @ x2                                                # dW = dout^T x   (out, in)
+    dx = matmul(d2, w.astype(ct, copy=False)).reshape(x.shape)    # out = x W^T  =>  dx = dout W
+    dw = matmul(d2.T, x2)                                         # dW = dout^T x   (out, in)
     db = d2.sum(axis=0, dtype=ct)                                 # db = sum over rows
     dt = dout.dtype
     return dx.astype(dt, copy=False), dw.astype(dt, copy=False), db.astype(dt, copy=False)
