@@ -71,7 +71,7 @@ import numpy as np
 from .block import TransformerBlock
 from .config import BlockConfig
 from .ops.attention import K_TILE, Q_TILE
-from .precision import compute_dtype, resolve_dtype, resolve_policy
+from .precision import compute_dtype, elementwise_dtype, resolve_dtype, resolve_policy
 
 __all__ = ["OpRow", "ShapeFlow", "shape_flow", "observed_shapes", "closed_form_flops",
            "fit_exponent", "PowerLaw", "time_forward", "Timing", "blas_threads",
@@ -188,6 +188,7 @@ def shape_flow(config, B, S, dtype=np.float32, training=True, attention="auto", 
     pol = resolve_policy(policy)
     ct = compute_dtype(dt, pol)                       # matmuls, softmax
     st = ct                                           # LayerNorm statistics
+    ew = elementwise_dtype(dt)                        # exp, erf: float32 or wider
     D, H, F, dh = config.d_model, config.n_heads, config.d_ff, config.d_head
     p_drop = config.dropout if training else 0.0
     tiled = attention == "tiled" or (attention == "auto" and not training)
@@ -260,7 +261,8 @@ def shape_flow(config, B, S, dtype=np.float32, training=True, attention="auto", 
         add("mlp.linear1", f"u = {h} W_1^T + b_1", [(h, bsd), ("W_1", (F, D))], [("u", bsf)], dt,
             matmul=2 * B * S * D * F, elementwise=B * S * F, kept=[(h, bsd, dt)])
         add(f"mlp.{config.activation}", f"g = {config.activation}(u)", [("u", bsf)], [("g", bsf)], dt,
-            elementwise=ACTIVATION_FLOPS[config.activation] * B * S * F, kept=[("u", bsf, dt)])
+            elementwise=ACTIVATION_FLOPS[config.activation] * B * S * F,
+            kept=[("u", bsf, dt)] + ([("Phi(u)", bsf, ew)] if config.activation == "gelu" else []))
         dropout("mlp.dropout", "g", bsf)
         add("mlp.linear2", "z = g W_2^T + b_2", [("g", bsf), ("W_2", (D, F))], [("z", bsd)], dt,
             matmul=2 * B * S * F * D, elementwise=B * S * D, kept=[("g", bsf, dt)])
