@@ -17,15 +17,14 @@ residual stream's growth with depth, error against float64, and loss scaling.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
-import ctypes
 import functools
 import math
 
 import ml_dtypes
 import numpy as np
 
+from .blas import blas_threads
 from .block import TransformerBlock, default_heads
 from .config import BlockConfig
 from .ops import layer_norm_forward
@@ -318,59 +317,15 @@ GRID_POLICIES = ("naive", "safe")
 
 
 @functools.lru_cache(maxsize=None)
-def _openblas_threads():
-    """(get, set) of the OpenBLAS thread count numpy uses, or None where it cannot be found
-    (another BLAS, no /proc): the ``openblas_{get,set}_num_threads`` that threadpoolctl calls."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "openblas" in line.lower()}
-    except OSError:
-        return None
-    for path in sorted(p for p in paths if ".so" in p):
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for prefix, suffix in (("scipy_openblas", "64_"), ("scipy_openblas", ""),
-                               ("openblas", "64_"), ("openblas", "")):
-            get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
-            set_ = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
-            if get is not None and set_ is not None:
-                return get, set_
-    return None
-
-
-@contextlib.contextmanager
-def _one_blas_thread():
-    """Run the enclosed matmuls on one BLAS thread, then restore the thread count.
-
-    The overflow grid's matmuls are tiny ((32, d) x (d, 4d)), but above OpenBLAS's threshold
-    (m n k >= 262144) they are split over every thread; waking the other threads costs more than
-    the product itself, by up to ~15 ms a call on a busy 2-CPU machine. OpenBLAS splits the
-    output, not the sum over k, so every element -- and the grid -- is the same on one thread.
-    """
-    threads = _openblas_threads()
-    n = threads[0]() if threads is not None else 1
-    if n <= 1:
-        yield
-        return
-    threads[1](1)
-    try:
-        yield
-    finally:
-        threads[1](n)
-
-
-@functools.lru_cache(maxsize=None)
 def overflow_grid(dtype="float16", policy="naive", d=64, depth=GRID_DEPTH, scales=GRID_SCALES,
                   tokens=2):
     """Status (index into STATUS) of the residual stream for every input rms and depth.
 
     One batched :func:`residual_stream` run (a batch row per input rms), on one BLAS thread (see
-    :func:`_one_blas_thread`). Cached: the first call for a setting runs the blocks, later calls
+    :func:`preln.blas.blas_threads`). Cached: the first call for a setting runs the blocks, later calls
     are free. Returns ``status`` (depth, n_scales) for blocks 1 .. depth.
     """
-    with _one_blas_thread():
+    with blas_threads(1):   # tiny matmuls: waking a second BLAS thread costs more than it saves
         run = residual_stream(d, list(scales), depth, dtype, policy, tokens=tokens,
                               batch=len(scales))
     out = run["status"][:, 1:].T.copy()                               # (depth, n_scales)

@@ -60,14 +60,13 @@ the log-log least-squares fit of ``y = c x^k``.
 """
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import time
 import tracemalloc
 from typing import NamedTuple
 
 import numpy as np
 
+from .blas import blas_threads
 from .block import TransformerBlock
 from .config import BlockConfig
 from .ops.attention import K_TILE, Q_TILE
@@ -386,57 +385,6 @@ def _block_and_input(config, B, S, dtype, training, attention, seed):
     block = TransformerBlock(config, dtype=dtype, seed=seed, attention=attention).train(training)
     x = np.random.default_rng(seed).standard_normal((B, S, config.d_model)).astype(block.dtype)
     return block, x
-
-
-def _openblas_libraries():
-    """ctypes handles of the OpenBLAS libraries loaded in this process (Linux; else [])."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = sorted({line.split()[-1] for line in maps
-                            if "openblas" in line.lower() and ".so" in line})
-    except OSError:
-        return []
-    libs = []
-    for path in paths:
-        try:
-            libs.append(ctypes.CDLL(path))
-        except OSError:
-            continue
-    return libs
-
-
-def _thread_functions(lib):
-    for prefix in ("scipy_openblas", "openblas"):
-        for suffix in ("64_", ""):
-            get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
-            set_ = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
-            if get is not None and set_ is not None:
-                return get, set_
-    return None
-
-
-@contextlib.contextmanager
-def blas_threads(n=1):
-    """Run the block with ``n`` OpenBLAS threads; yields how many BLAS libraries it controlled.
-
-    On a shared machine a multi-threaded BLAS spends its time waiting for busy cores, which
-    makes timings jump by factors of several; one thread measures the algorithm instead. Where
-    no OpenBLAS is found (another BLAS, another OS) this does nothing and yields 0.
-    """
-    controlled = []
-    for lib in _openblas_libraries():
-        funcs = _thread_functions(lib)
-        if funcs is None:
-            continue
-        get, set_ = funcs
-        previous = int(get())
-        set_(int(n))
-        controlled.append((set_, previous))
-    try:
-        yield len(controlled)
-    finally:
-        for set_, previous in controlled:
-            set_(previous)
 
 
 class Timing(NamedTuple):

@@ -215,11 +215,13 @@ def test_overflow_grid_is_the_grid_of_fresh_blocks(monkeypatch):
         assert np.array_equal(cached, run["status"][:, 1:].T)
 
 
-def test_one_blas_thread_restores_the_thread_count():
-    threads = numerics._openblas_threads()
-    if threads is None:
+def test_blas_threads_sets_and_restores_the_thread_count():
+    from preln.blas import blas_threads, openblas_thread_functions
+    functions = openblas_thread_functions()
+    if not functions:
         pytest.skip("numpy's OpenBLAS was not found")
-    before = threads[0]()
-    with numerics._one_blas_thread():
-        assert threads[0]() == 1
-    assert threads[0]() == before
+    get = functions[0][0]
+    before = get()
+    with blas_threads(1) as n:
+        assert n >= 1 and get() == 1
+    assert get() == before

@@ -1,0 +1,55 @@
+"""How many threads numpy's BLAS uses, set from inside the process.
+
+``OPENBLAS_NUM_THREADS`` is read once, when numpy loads its OpenBLAS; afterwards only the
+library's own ``openblas_set_num_threads`` changes it (what threadpoolctl calls). The book uses
+one thread for two reasons: timings on a shared machine measure the algorithm rather than threads
+waiting for busy cores, and small matmuls skip the cost of waking the other threads. OpenBLAS
+splits a product's output, not its sums, so the results are the same on any number of threads.
+"""
+import contextlib
+import ctypes
+import functools
+
+
+@functools.lru_cache(maxsize=None)
+def openblas_thread_functions():
+    """[(get, set), ...] for each OpenBLAS library loaded in this process; [] where none is
+    found (another BLAS, or no /proc to list the loaded libraries)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = sorted({line.split()[-1] for line in maps
+                            if "openblas" in line.lower() and ".so" in line})
+    except OSError:
+        return []
+    found = []
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for name in ("scipy_openblas64_", "scipy_openblas", "openblas64_", "openblas"):
+            # numpy's wheels prefix the symbols (scipy_openblas*) and may suffix them (64_)
+            prefix, suffix = (name[:-3], "64_") if name.endswith("64_") else (name, "")
+            get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
+            set_ = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
+            if get is not None and set_ is not None:
+                found.append((get, set_))
+                break
+    return found
+
+
+@contextlib.contextmanager
+def blas_threads(n=1):
+    """Run the enclosed code with ``n`` OpenBLAS threads, then restore the previous counts.
+
+    Yields how many BLAS libraries it controlled (0 where none was found: then it does nothing).
+    """
+    controlled = []
+    for get, set_ in openblas_thread_functions():
+        controlled.append((set_, int(get())))
+        set_(int(n))
+    try:
+        yield len(controlled)
+    finally:
+        for set_, previous in controlled:
+            set_(previous)
