@@ -59,7 +59,7 @@ test-site: book
 	@echo "Screenshots of every page: $(CURDIR)/_build/screenshots/"
 
 lab: install
-	PYTHONPATH=$(CURDIR) $(BIN)/jupyter lab --notebook-dir=book
+	PYTHONPATH=$(CURDIR) $(BIN)/jupyter lab --notebook-dir=book $(if $(filter 0,$(shell id -u)),--allow-root)
 
 notebooks: install
 ifneq ($(strip $(NOTEBOOKS)),)
