@@ -13,29 +13,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.book_toc import toc_files
+
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
 NOTEBOOKS = sorted(BOOK.glob("*.ipynb"))
 IMAGE_MIMES = ("image/png", "image/jpeg", "image/svg+xml", "image/gif")
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
-
-
-def toc_files() -> list[str]:
-    """Every `file:` in _toc.yml, root first, without extension."""
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    files = [toc["root"]]
-
-    def walk(entries):
-        for entry in entries or []:
-            if "file" in entry:
-                files.append(entry["file"])
-            for key in ("chapters", "sections", "parts"):
-                walk(entry.get(key))
-
-    for key in ("parts", "chapters", "sections"):
-        walk(toc.get(key))
-    return [re.sub(r"\.(md|ipynb|rst)$", "", f) for f in files]
 
 
 def load(nb_path: Path) -> dict:

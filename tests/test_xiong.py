@@ -79,3 +79,16 @@ def test_sample_gradient_is_the_one_position_gradient(norm_first):
     kw = dict(d=16, n_tokens=1, batch=1, vocab=16, seeds=[3])
     full = xiong.layer_grad_norms(norm_first, 3, "linear2.weight", **kw)[-1]
     assert abs(xiong.last_layer_sample_grad_norm(norm_first, 3, **kw) / full - 1) < 1e-10
+
+
+def test_stored_run_summaries_agree():
+    from preln.figures import preln_vs_postln as figs
+    finals = figs.seed_finals(False, 6, 1e-2, 0)
+    assert len(finals) == 2
+    assert figs.final_eval(False, 6, 1e-2, 0) == pytest.approx(np.mean(finals))
+    assert figs.last_over_first([2.0, 5.0, 8.0]) == 4.0
+    theory = figs.load_theory()
+    depths = theory["setting"]["thm1_depths"]
+    per_depth = figs.theory_per_depth(theory, "thm1_sample", "pre", depths)
+    assert per_depth.shape == (len(depths),)
+    assert per_depth[0] == pytest.approx(np.mean(theory["thm1_sample"]["pre"][str(depths[0])]))

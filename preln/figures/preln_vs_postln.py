@@ -47,10 +47,25 @@ def find_run(norm_first, n_layers, lr, warmup, seed, runs=None):
                    f"warmup={warmup}, seed={seed}")
 
 
+def seed_finals(norm_first, n_layers, lr, warmup, seeds=(0, 1)):
+    """The last held-out loss of each seed's stored run (nats per character; NaN if it diverged)."""
+    vals = [find_run(norm_first, n_layers, lr, warmup, s)["eval_loss"][-1] for s in seeds]
+    return [np.nan if v is None else float(v) for v in vals]
+
+
 def final_eval(norm_first, n_layers, lr, warmup, seeds=(0, 1)):
     """Mean over seeds of the last held-out loss of the stored runs (nats per character)."""
-    vals = [find_run(norm_first, n_layers, lr, warmup, s)["eval_loss"][-1] for s in seeds]
-    return float(np.mean([np.nan if v is None else v for v in vals]))
+    return float(np.mean(seed_finals(norm_first, n_layers, lr, warmup, seeds)))
+
+
+def theory_per_depth(theory, key, name, depths):
+    """Mean over seeds of a stored theory measurement (e.g. key "thm1_sample", name "pre") per depth."""
+    return np.array([np.mean(theory[key][name][str(L)]) for L in depths])
+
+
+def last_over_first(g):
+    """Ratio of the last layer's gradient norm to the first's (the shape of Xiong et al.'s Fig. 3a)."""
+    return float(g[-1] / g[0])
 
 
 def _smooth(y, window=10):

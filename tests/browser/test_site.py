@@ -5,36 +5,18 @@ Pages come from _toc.yml, so a new chapter is tested as soon as it is listed.
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-import yaml
+
+from tests.book_toc import toc_files
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.browser
 
 LOCAL_SCHEMES = {"data", "blob", "about"}
 SETTLE_MS = 15_000   # upper bound for MathJax / the widget manager to finish
-
-
-def toc_files(toc_path: Path = ROOT / "_toc.yml") -> list[str]:
-    """Every `file:` in _toc.yml (root first, then in reading order), without extension."""
-    toc = yaml.safe_load(toc_path.read_text())
-    files = [toc["root"]]
-
-    def walk(entries):
-        for entry in entries or []:
-            if "file" in entry:
-                files.append(entry["file"])
-            for key in ("chapters", "sections", "parts"):
-                walk(entry.get(key))
-
-    walk(toc.get("parts"))
-    walk(toc.get("chapters"))
-    walk(toc.get("sections"))
-    return [re.sub(r"\.(md|ipynb|rst)$", "", f) for f in files]
 
 
 PAGES = toc_files()
