@@ -2,8 +2,14 @@
 #   make book            create .venv, install, build the site into _build/html (strict: warnings fail)
 #   make test            everything CI checks: unit tests, notebooks (nbval), strict build, browser tests
 #   make test-unit       the package's pytest suite, plus the book-structure and viz tests
-#   make test-notebooks  re-execute every notebook in book/ and compare with its stored outputs
+#   make test-notebooks  re-execute every notebook in book/ and compare with its stored outputs,
+#                        under four OpenBLAS kernels (NB_KERNELS=default for a single quick run)
 #   make test-site       build the site, then drive every page with headless Chromium
+#   make test-course     the course edition: assignments run, release up to date, fixtures grade right
+#   make assignments     student notebooks assignments/release/ from assignments/source/ (nbgrader)
+#   make grade SUBMISSIONS=<dir> [ROSTER=<csv>]   autograde into _build/grades/<assignment>.csv
+#                        (GRADE_ARGS="--timeout 60 --mem-mb 2048 --cpu-s 600": per-cell and kernel caps)
+#   make mutation        the fraction of mutated solutions each assignment's tests catch
 #   make lab             JupyterLab on book/ with preln importable
 #   make notebooks       re-execute every notebook in book/ in place (stores fresh outputs)
 #   make bench           the benchmark table
@@ -23,7 +29,8 @@ BUILD  := $(BIN)/jupyter-book build --all -W -n --keep-going .
 # many cores a machine has, and the tiled attention's many small matmuls do not wait on idle threads.
 ONE_THREAD := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
-.PHONY: install book test test-unit test-notebooks test-site lab notebooks bench vendor clean
+.PHONY: install book test test-unit test-notebooks test-site lab notebooks bench vendor clean \
+        install-course assignments grade mutation test-course
 
 $(STAMP): requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 is needed, found " + sys.version'
@@ -42,17 +49,57 @@ book: install
 	@echo "The site is in $(CURDIR)/_build/html — open file://$(CURDIR)/_build/html/index.html"
 	@echo "or serve it: $(BIN)/python -m http.server -d _build/html"
 
-test: test-unit test-notebooks test-site
+test: test-unit test-notebooks test-course test-site
 
 test-unit: install
-	$(ONE_THREAD) $(BIN)/python -m pytest -q tests --ignore=tests/browser
+	$(ONE_THREAD) $(BIN)/python -m pytest -q tests --ignore=tests/browser --ignore-glob='tests/test_course_*.py'
+
+# The stored outputs must be what any reader's machine computes, and OpenBLAS picks its kernels by
+# CPU (other kernels, other round-off). So nbval runs every notebook under several kernels:
+# "default" leaves OPENBLAS_CORETYPE unset (OpenBLAS picks by CPU), the others force a family —
+# Haswell (AVX2), SkylakeX (AVX-512) and Prescott (the generic SSE3 one). Two run at a time, each on
+# one BLAS thread; `make test-notebooks NB_KERNELS=default` runs one. Logs: _build/nbval/<kernel>.log.
+NB_KERNELS ?= default Haswell SkylakeX Prescott
+CORETYPE = $(if $(filter default,$(1)),env -u OPENBLAS_CORETYPE,env OPENBLAS_CORETYPE=$(1))
 
 test-notebooks: install
 ifeq ($(strip $(NOTEBOOKS)),)
 	@echo "test-notebooks: no notebooks in book/"
 else
-	$(ONE_THREAD) $(BIN)/python -m pytest -q -p no:cacheprovider $(NBVAL) $(NOTEBOOKS)
+	@$(MAKE) --no-print-directory -j2 --output-sync=target $(addprefix nbval-kernel-,$(NB_KERNELS))
+	@echo "test-notebooks: every notebook reproduced its stored outputs under: $(NB_KERNELS)"
 endif
+
+nbval-kernel-%: install
+	@mkdir -p _build/nbval
+	@echo "== nbval, OpenBLAS kernel: $* (runs: $$($(call CORETYPE,$*) $(BIN)/python -c \
+	  'import numpy; from preln.blas import openblas_corenames as f; print(*sorted(set(f())))'))"
+	@$(call CORETYPE,$*) $(ONE_THREAD) $(BIN)/python -m pytest -q -p no:cacheprovider \
+	  $(NBVAL) $(NOTEBOOKS) > _build/nbval/$*.log 2>&1 \
+	  && tail -n 2 _build/nbval/$*.log \
+	  || { cat _build/nbval/$*.log; echo "nbval FAILED under OpenBLAS kernel $*"; exit 1; }
+
+# --- the course edition (issue 9): nbgrader lives in requirements-course.txt, not in the reader's install
+COURSE_STAMP := $(VENV)/.course-stamp
+
+$(COURSE_STAMP): $(STAMP) requirements-course.txt
+	$(BIN)/python -m pip install -q -r requirements-course.txt
+	touch $(COURSE_STAMP)
+
+install-course: $(COURSE_STAMP)
+
+assignments: $(COURSE_STAMP)
+	$(ONE_THREAD) $(BIN)/python scripts/course/release.py
+
+grade: $(COURSE_STAMP)
+	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=<dir> [ROSTER=<csv>]"; exit 2; }
+	$(ONE_THREAD) $(BIN)/python scripts/course/grade.py "$(SUBMISSIONS)" $(if $(ROSTER),--roster "$(ROSTER)") $(GRADE_ARGS)
+
+mutation: install
+	$(ONE_THREAD) $(BIN)/python scripts/course/mutate.py --per-question
+
+test-course: $(COURSE_STAMP)
+	$(ONE_THREAD) $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_course.py tests/test_course_*.py
 
 test-site: book
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m browser tests/browser

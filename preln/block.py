@@ -7,6 +7,23 @@ Parameters carry the names and layouts of ``torch.nn.TransformerEncoderLayer(bat
 and given the same weights the block computes the same output and gradients. The backward is the
 forward read from the bottom up; each line says which forward line it undoes.
 
+Decoding (causal blocks, eval mode): ``kv = block.kv_cache(B, max_len)`` preallocates the keys and
+values of every head, and ``block.decode(x_new, kv)`` runs the block on the next n positions only,
+attending to every position before them through the cache -- the KV cache of autoregressive
+Transformer decoding (Pope et al. 2022, arXiv 2211.05102, section 2; Kwon et al. 2023, arXiv
+2309.06180, section 2.2). Concatenated over any split of a sequence, the outputs are the full causal
+forward's: every op but attention works on each position alone, and causal attention at position t
+reads only the keys and values of positions <= t, which the cache holds.
+
+Fused kernels (``fused=True``, the default): a float32 or float64 block under the safe policy, with
+no tracer and no dropout in the pass, runs each memory-bound chain between two matmuls as one
+kernel of :mod:`preln.ops.fused` -- the residual add with the LayerNorm after it (and the bias of
+the linear before it), bias + GELU, the softmax (scale, mask, max, exp, sum, divide), and the last
+bias with the residual add -- instead of one numpy pass per op. The equations, the parameters and
+what the backward reads are the same; the results agree to round-off. ``fused=False``, 16-bit
+storage, the naive policy, ``trace`` and ``check_finite`` run every op separately (the tracer
+names the op whose output overflows; a fused kernel has no such intermediate to name).
+
 Default initialisation is PyTorch's:
     self_attn.in_proj_weight   Xavier uniform, U(+-sqrt(6 / (E + 3E)))
     self_attn.in_proj_bias     0
@@ -26,7 +43,12 @@ from .ops import (activation_backward, activation_forward, attention_backward, a
                   dropout_backward, dropout_forward, flash_attention_forward, layer_norm_backward,
                   layer_norm_forward, linear_backward, linear_forward, merge_heads, split_heads)
 from .ops.attention import AttentionCache
-from .precision import Watch, resolve_dtype, resolve_policy
+from .ops.fused import FUSED_DTYPES, add_layer_norm, bias_gelu, bias_residual, gelu_backward
+from .ops.fused import layer_norm as fused_layer_norm
+from .precision import SAFE, Watch, resolve_dtype, resolve_policy
+
+__all__ = ["TransformerBlock", "PreLNTransformerBlock", "KVCache", "param_shapes", "init_params",
+           "default_heads"]
 
 
 def param_shapes(config):
@@ -88,10 +110,68 @@ class BlockCache(NamedTuple):
     attn: AttnBlockCache
     ln2: tuple
     mlp: MLPCache
+    fused: bool = False  # the forward ran the fused kernels: the backward takes the fused ones too
+
+
+def _positive_int(value, name):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name}: expected a positive int; got {value!r}")
+    return int(value)
+
+
+class KVCache:
+    """The keys and values of one causal attention layer, preallocated for ``max_len`` positions.
+
+    k, v:    (B, H, max_len, d_h) arrays in ``dtype``; positions ``0 .. length - 1`` are filled.
+    length:  how many positions have been decoded so far (0 for a fresh cache).
+    nbytes:  2 * B * max_len * D * itemsize -- K and V, whatever ``length`` is: the memory is
+             reserved up front for max_len positions, as the serving systems that Kwon et al.
+             2023 (arXiv 2309.06180, section 3) describe do.
+
+    Made by :meth:`preln.TransformerBlock.kv_cache`; filled by :meth:`preln.TransformerBlock.decode`.
+    """
+
+    def __init__(self, batch, max_len, n_heads, d_head, dtype):
+        self.batch = _positive_int(batch, "batch")
+        self.max_len = _positive_int(max_len, "max_len")
+        self.n_heads, self.d_head = int(n_heads), int(d_head)
+        self.dtype = resolve_dtype(dtype)
+        shape = (self.batch, self.n_heads, self.max_len, self.d_head)   # (B, H, max_len, d_h)
+        self.k = np.zeros(shape, self.dtype)
+        self.v = np.zeros(shape, self.dtype)
+        self.length = 0
+
+    @property
+    def d_model(self):
+        return self.n_heads * self.d_head
+
+    @property
+    def nbytes(self):
+        """Bytes of K and V: 2 * B * max_len * D * itemsize."""
+        return self.k.nbytes + self.v.nbytes
+
+    @property
+    def keys(self):     # (B, H, length, d_h), a view
+        return self.k[:, :, :self.length]
+
+    @property
+    def values(self):   # (B, H, length, d_h), a view
+        return self.v[:, :, :self.length]
+
+    def reset(self):
+        """Forget every position (the memory stays allocated)."""
+        self.length = 0
+        return self
+
+    def __repr__(self):
+        return (f"KVCache(batch={self.batch}, max_len={self.max_len}, n_heads={self.n_heads}, "
+                f"d_head={self.d_head}, dtype={self.dtype}, length={self.length}, nbytes={self.nbytes})")
 
 
 class TransformerBlock:
-    """One Pre-LN or Post-LN encoder block; see :class:`preln.BlockConfig` and DESIGN.md.
+    """One Pre-LN or Post-LN encoder block with PyTorch's ``nn.TransformerEncoderLayer`` parameters
+    and semantics (https://pytorch.org/docs/stable/generated/torch.nn.TransformerEncoderLayer.html);
+    the hyper-parameters are a :class:`preln.BlockConfig`.
 
     dtype: float64 | float32 | float16 | bfloat16 -- parameters and activations are stored in it.
     seed: seeds the ``np.random.Generator`` (``block.rng``) used for initialisation and dropout.
@@ -99,10 +179,12 @@ class TransformerBlock:
     check_finite: raise FloatingPointError naming the first op whose output is not finite.
     trace: record that op in ``block.overflow`` (an :class:`preln.Overflow`, or None) without raising.
     attention: "auto" (tiled in eval mode, plain in training mode), "plain" or "tiled".
+    fused: True -- the fused kernels where they apply (see the module docstring); False -- every op
+        as a separate numpy call.
     """
 
     def __init__(self, config, dtype=np.float32, seed=0, policy="safe", check_finite=False,
-                 trace=False, attention="auto"):
+                 trace=False, attention="auto", fused=True):
         if not isinstance(config, BlockConfig):
             raise TypeError(f"config: expected a preln.BlockConfig; got {type(config).__name__}")
         if attention not in ("auto", "plain", "tiled"):
@@ -113,6 +195,9 @@ class TransformerBlock:
         self.check_finite = bool(check_finite)
         self.trace = bool(trace)
         self.attention = attention
+        if not isinstance(fused, bool):
+            raise TypeError(f"fused: expected True or False; got {fused!r}")
+        self.fused = fused
         self.rng = np.random.default_rng(seed)
         self.params = init_params(config, self.rng, self.dtype)
         self.grads = {k: np.zeros_like(v) for k, v in self.params.items()}
@@ -195,23 +280,123 @@ class TransformerBlock:
         kpm = check_mask(key_padding_mask, x.shape)
         watch = Watch(enabled=self.trace, raise_error=self.check_finite)
         with np.errstate(all="ignore"):   # non-finite values are the Watch's to report
-            if self.config.norm_first:                            # Pre-LN
-                h1, ln1 = self._norm("norm1", x, watch)           # h1 = LN1(x)
-                a, attn = self._attention(h1, kpm, watch)         # a  = Attn(h1)
-                x1 = watch("residual1", x + a, x, a)              # x1 = x + a
-                h2, ln2 = self._norm("norm2", x1, watch)          # h2 = LN2(x1)
-                m, mlp = self._mlp(h2, watch)                     # m  = MLP(h2)
-                y = watch("residual2", x1 + m, x1, m)             # y  = x1 + m
-            else:                                                 # Post-LN
-                a, attn = self._attention(x, kpm, watch)          # a  = Attn(x)
-                r1 = watch("residual1", x + a, x, a)              # r1 = x + a
-                x1, ln1 = self._norm("norm1", r1, watch)          # x1 = LN1(r1)
-                m, mlp = self._mlp(x1, watch)                     # m  = MLP(x1)
-                r2 = watch("residual2", x1 + m, x1, m)            # r2 = x1 + m
-                y, ln2 = self._norm("norm2", r2, watch)           # y  = LN2(r2)
+            y, cache = self._layers_fused(x, kpm) if self.fuses() else self._layers(x, kpm, watch)
         self.overflow = watch.first
-        self._cache = BlockCache(x.shape, ln1, attn, ln2, mlp)
+        self._cache = cache
         return y
+
+    def _layers(self, x, kpm, watch, kv=None):  # (B, S, D) -> (B, S, D), BlockCache
+        """The block's equations; with ``kv`` the attention reads and extends a KV cache."""
+        if self.config.norm_first:                                # Pre-LN
+            h1, ln1 = self._norm("norm1", x, watch)               # h1 = LN1(x)
+            a, attn = self._attention(h1, kpm, watch, kv)         # a  = Attn(h1)
+            x1 = watch("residual1", x + a, x, a)                  # x1 = x + a
+            h2, ln2 = self._norm("norm2", x1, watch)              # h2 = LN2(x1)
+            m, mlp = self._mlp(h2, watch)                         # m  = MLP(h2)
+            y = watch("residual2", x1 + m, x1, m)                 # y  = x1 + m
+        else:                                                     # Post-LN
+            a, attn = self._attention(x, kpm, watch, kv)          # a  = Attn(x)
+            r1 = watch("residual1", x + a, x, a)                  # r1 = x + a
+            x1, ln1 = self._norm("norm1", r1, watch)              # x1 = LN1(r1)
+            m, mlp = self._mlp(x1, watch)                         # m  = MLP(x1)
+            r2 = watch("residual2", x1 + m, x1, m)                # r2 = x1 + m
+            y, ln2 = self._norm("norm2", r2, watch)               # y  = LN2(r2)
+        return y, BlockCache(x.shape, ln1, attn, ln2, mlp)
+
+    def fuses(self):
+        """Whether the next forward (or decode) runs the fused kernels: ``fused`` is on, the dtype
+        is float32 or float64, the policy is the safe one, no tracer, no dropout in this mode."""
+        return (self.fused and self.dtype in FUSED_DTYPES and self.policy == SAFE
+                and not (self.trace or self.check_finite) and self._drop_p() == 0)
+
+    def _layers_fused(self, x, kpm, kv=None):  # (B, S, D) -> (B, S, D), BlockCache
+        """The equations of ``_layers``, with every memory-bound chain one fused kernel. The
+        attention's and the MLP's last linears leave their bias out (a0, m0): the kernel after
+        them adds it, with the residual."""
+        p, eps = self.params, self.config.eps
+        if self.config.norm_first:                                # Pre-LN
+            h1, ln1 = fused_layer_norm(x, p["norm1.weight"], p["norm1.bias"], eps)   # h1 = LN1(x)
+            a0, attn = self._attention(h1, kpm, Watch(), kv, fused=True)            # a0 = Attn(h1) - b_out
+            x1, h2, ln2 = add_layer_norm(x, a0, p["self_attn.out_proj.bias"],       # x1 = x + a
+                                         p["norm2.weight"], p["norm2.bias"], eps)   # h2 = LN2(x1)
+            m0, mlp = self._mlp_fused(h2, keep=kv is None)                          # m0 = MLP(h2) - b2
+            y = bias_residual(x1, m0, p["linear2.bias"])                            # y  = x1 + m
+        else:                                                     # Post-LN
+            a0, attn = self._attention(x, kpm, Watch(), kv, fused=True)             # a0 = Attn(x) - b_out
+            _, x1, ln1 = add_layer_norm(x, a0, p["self_attn.out_proj.bias"],        # x1 = LN1(x + a)
+                                        p["norm1.weight"], p["norm1.bias"], eps)
+            m0, mlp = self._mlp_fused(x1, keep=kv is None)                          # m0 = MLP(x1) - b2
+            _, y, ln2 = add_layer_norm(x1, m0, p["linear2.bias"],                   # y = LN2(x1 + m)
+                                       p["norm2.weight"], p["norm2.bias"], eps)
+        return y, BlockCache(x.shape, ln1, attn, ln2, mlp, fused=True)
+
+    def _mlp_fused(self, h, keep):  # (B, S, D) -> (B, S, D) without linear2's bias
+        p, cfg, pol = self.params, self.config, self.policy
+        if cfg.activation == "gelu":                              # bias + GELU in one pass
+            u0, c1 = linear_forward(h, p["linear1.weight"], None, pol)               # (B, S, F)
+            g, c_act = bias_gelu(u0, p["linear1.bias"], keep)     # keep u and Phi(u) for a backward
+        else:
+            u, c1 = linear_forward(h, p["linear1.weight"], p["linear1.bias"], pol)   # (B, S, F)
+            g, c_act = activation_forward(u, cfg.activation)
+        m0, c2 = linear_forward(g, p["linear2.weight"], None, pol)                   # (B, S, D)
+        return m0, MLPCache(c1, c_act, None, c2, None)
+
+    # ---- decoding with a KV cache ----------------------------------------------------------------
+    def kv_cache(self, batch, max_len, dtype=None):
+        """A fresh :class:`preln.block.KVCache` for ``batch`` sequences of up to ``max_len`` positions.
+
+        dtype: the cache's storage dtype; None means the block's. Another dtype (a float16 cache for
+        a float32 block, say) halves the memory and rounds every key and value once.
+        """
+        self._check_causal("kv_cache")
+        dtype = self.dtype if dtype is None else resolve_dtype(dtype)
+        return KVCache(batch, max_len, self.config.n_heads, self.config.d_head, dtype)
+
+    def decode(self, x_new, kv):
+        """Run the block on the next n positions of B sequences, given a
+        :class:`preln.block.KVCache` of the positions before them; x_new: (B, n, D), n >= 1 ->
+        y_new: (B, n, D).
+
+        Appends the n positions' keys and values to ``kv`` (``kv.length`` grows by n). Eval mode
+        only, causal blocks only, no padding mask (every sequence of the batch is at the same
+        position). Nothing is kept for a backward: ``block.backward`` still differentiates the
+        last ``forward``.
+        """
+        x = self._check_decode(x_new, kv)                         # (B, n, D)
+        watch = Watch(enabled=self.trace, raise_error=self.check_finite)
+        with np.errstate(all="ignore"):
+            y, _ = self._layers_fused(x, None, kv) if self.fuses() else self._layers(x, None, watch, kv)
+        self.overflow = watch.first
+        kv.length += x.shape[1]                                   # only once the step has succeeded
+        return y
+
+    def _check_decode(self, x_new, kv):  # -> x_new as (B, n, D) in the block's dtype
+        self._check_causal("decode")
+        if self.training:
+            raise RuntimeError("decode: the block is in training mode; decoding is inference -- "
+                               "call block.eval() first (dropout would differ from call to call)")
+        if not isinstance(kv, KVCache):
+            raise TypeError(f"kv: expected a preln.block.KVCache from block.kv_cache(batch, max_len); "
+                            f"got {type(kv).__name__}")
+        cfg = self.config
+        if (kv.n_heads, kv.d_head) != (cfg.n_heads, cfg.d_head):
+            raise ValueError(f"kv: expected a cache of H = {cfg.n_heads} heads of d_h = {cfg.d_head} "
+                             f"(D = {cfg.d_model}); got H = {kv.n_heads}, d_h = {kv.d_head} "
+                             f"(D = {kv.d_model})")
+        x = check_input(x_new, cfg.d_model, self.dtype, "x_new")   # (B, n, D)
+        B, n, _ = x.shape
+        if B != kv.batch:
+            raise ValueError(f"x_new: expected batch B = {kv.batch} (the cache's); got shape {x.shape}")
+        if kv.length + n > kv.max_len:
+            raise ValueError(f"kv: the cache is full: it holds {kv.length} of max_len = {kv.max_len} "
+                             f"positions and x_new brings {n} more; make a cache with a larger max_len")
+        return x
+
+    def _check_causal(self, name):
+        if not self.config.causal:
+            raise ValueError(f"{name}: expected a causal block (BlockConfig(causal=True)); this one "
+                             "is bidirectional, so every position reads every later one and a cache "
+                             "of earlier positions is not enough")
 
     def _norm(self, name, x, watch):
         p = self.params
@@ -222,20 +407,30 @@ class TransformerBlock:
     def _drop_p(self):
         return self.config.dropout if self.training else 0.0
 
-    def _attention(self, h, kpm, watch):  # (B, S, D) -> (B, S, D)
+    def _attention(self, h, kpm, watch, kv=None, fused=False):  # (B, S, D) -> (B, S, D)
+        """Attn(h); with ``fused`` the plain path's softmax is the fused kernel and the output
+        projection leaves its bias for the caller's fused kernel to add."""
         p, cfg, pol = self.params, self.config, self.policy
         qkv, c_in = linear_forward(h, p["self_attn.in_proj_weight"], p["self_attn.in_proj_bias"], pol)
         watch("attn.in_proj", qkv, h)                             # (B, S, 3D)
         q, k, v = (split_heads(t, cfg.n_heads) for t in np.split(qkv, 3, axis=-1))  # 3 x (B, H, S, d_h)
         tiled = self.attention == "tiled" or (self.attention == "auto" and not self.training)
-        if tiled:   # never holds the (B, H, S, S) scores; the backward recomputes P
+        if kv is not None:   # decode: the n new keys and values join the cache; the queries read it all
+            t0, t1 = kv.length, kv.length + q.shape[2]
+            kv.k[:, :, t0:t1] = k                                 # (B, H, n, d_h) into (B, H, max_len, d_h)
+            kv.v[:, :, t0:t1] = v
+            o = flash_attention_forward(q, kv.k[:, :, :t1], kv.v[:, :, :t1], None, True, pol,
+                                        watch.scope("attn"), q_offset=t0)   # (B, H, n, d_h)
+            c_sdpa = None
+        elif tiled:   # never holds the (B, H, S, S) scores; the backward recomputes P
             o = flash_attention_forward(q, k, v, kpm, cfg.causal, pol, watch.scope("attn"))
             c_sdpa = AttentionCache(q, k, v, None, None, 0.0, kpm, cfg.causal, pol)
         else:
             o, c_sdpa = attention_forward(q, k, v, kpm, cfg.causal, self._drop_p(), self.rng, pol,
-                                          watch.scope("attn"))
+                                          watch.scope("attn"), fused=fused)
         o = merge_heads(o)                                        # (B, S, D)
-        a, c_out = linear_forward(o, p["self_attn.out_proj.weight"], p["self_attn.out_proj.bias"], pol)
+        b_out = None if fused else p["self_attn.out_proj.bias"]
+        a, c_out = linear_forward(o, p["self_attn.out_proj.weight"], b_out, pol)
         watch("attn.out_proj", a, o)
         a, mask = dropout_forward(a, self._drop_p(), self.rng)    # dropout1
         return a, AttnBlockCache(c_in, c_sdpa, c_out, mask)
@@ -263,14 +458,14 @@ class TransformerBlock:
         with np.errstate(all="ignore"):
             if self.config.norm_first:                            # Pre-LN
                 dx1 = dy + self._norm_backward("norm2",           # y = x1 + MLP(LN2(x1))
-                                               self._mlp_backward(dy, c.mlp), c.ln2)
+                                               self._mlp_backward(dy, c.mlp, c.fused), c.ln2)
                 dx = dx1 + self._norm_backward("norm1",           # x1 = x + Attn(LN1(x))
-                                               self._attention_backward(dx1, c.attn), c.ln1)
+                                               self._attention_backward(dx1, c.attn, c.fused), c.ln1)
             else:                                                 # Post-LN
                 dr2 = self._norm_backward("norm2", dy, c.ln2)     # y = LN2(r2)
-                dx1 = dr2 + self._mlp_backward(dr2, c.mlp)        # r2 = x1 + MLP(x1)
+                dx1 = dr2 + self._mlp_backward(dr2, c.mlp, c.fused)        # r2 = x1 + MLP(x1)
                 dr1 = self._norm_backward("norm1", dx1, c.ln1)    # x1 = LN1(r1)
-                dx = dr1 + self._attention_backward(dr1, c.attn)  # r1 = x + Attn(x)
+                dx = dr1 + self._attention_backward(dr1, c.attn, c.fused)  # r1 = x + Attn(x)
         return dx
 
     def _accumulate(self, name, grad):
@@ -282,7 +477,7 @@ class TransformerBlock:
         self._accumulate(f"{name}.bias", dbeta)
         return dx
 
-    def _attention_backward(self, da, c):  # (B, S, D) -> (B, S, D)
+    def _attention_backward(self, da, c, fused=False):  # (B, S, D) -> (B, S, D)
         cfg, pol = self.config, self.policy
         da = dropout_backward(da, c.drop_mask, cfg.dropout)                      # dropout1
         do, dw, db = linear_backward(da, c.out_proj, pol)                        # a = o W_out^T + b
@@ -290,20 +485,24 @@ class TransformerBlock:
         self._accumulate("self_attn.out_proj.bias", db)
         dqkv = np.empty(do.shape[:-1] + (3 * do.shape[-1],), dtype=do.dtype)     # (B, S, 3D), as qkv
         dq, dk, dv = (split_heads(t, cfg.n_heads) for t in np.split(dqkv, 3, axis=-1))  # 3 views (B, H, S, d_h)
-        attention_backward(split_heads(do, cfg.n_heads), c.sdpa, out=(dq, dk, dv))  # o = attn(q, k, v)
+        attention_backward(split_heads(do, cfg.n_heads), c.sdpa, out=(dq, dk, dv),  # o = attn(q, k, v)
+                           fused=fused)
         dh, dw, db = linear_backward(dqkv, c.in_proj, pol)                       # qkv = h W_in^T + b
         self._accumulate("self_attn.in_proj_weight", dw)
         self._accumulate("self_attn.in_proj_bias", db)
         return dh
 
-    def _mlp_backward(self, dz, c):  # (B, S, D) -> (B, S, D)
+    def _mlp_backward(self, dz, c, fused=False):  # (B, S, D) -> (B, S, D)
         p_drop, pol = self.config.dropout, self.policy
         dz = dropout_backward(dz, c.drop_mask, p_drop)                           # dropout2
         dg, dw, db = linear_backward(dz, c.linear2, pol)                         # z = g W2^T + b2
         self._accumulate("linear2.weight", dw)
         self._accumulate("linear2.bias", db)
         dg = dropout_backward(dg, c.hidden_mask, p_drop)                         # dropout
-        du = activation_backward(dg, c.act)                                      # g = act(u)
+        if fused and c.act.kind == "gelu":
+            du = gelu_backward(dg, c.act)                                        # g = u Phi(u), one pass
+        else:
+            du = activation_backward(dg, c.act)                                  # g = act(u)
         dh, dw, db = linear_backward(du, c.linear1, pol)                         # u = h W1^T + b1
         self._accumulate("linear1.weight", dw)
         self._accumulate("linear1.bias", db)

@@ -10,6 +10,12 @@ the token embedding as W_head (Press & Wolf 2017) and keeps only the bias. Every
 written by hand: the cross-entropy's dlogits = (softmax - onehot) / N, the head's linear backward,
 the stack's, and the embeddings' scatter-add.
 
+Generation (:meth:`TinyLM.generate`) runs the prompt through the stack once (the "prefill"), then
+one position per new token through :meth:`TinyLM.decode`, which keeps every layer's keys and values
+in a KV cache; greedy (temperature 0) or sampled from softmax(logits / temperature). The position
+embeddings are learned for positions 0 .. max_len - 1 only, so a prompt plus its continuation may
+hold at most max_len tokens: past that there is no embedding to add, and generate and decode say so.
+
 The corpus is synthetic: sentences from a small probabilistic grammar (:func:`grammar_corpus`),
 so it is ours to publish and needs no download (see data/README.md).
 """
@@ -19,9 +25,9 @@ import numpy as np
 
 from .config import BlockConfig
 from .ops import linear_backward, linear_forward
-from .stack import TransformerStack
+from .stack import StackKVCache, TransformerStack
 
-__all__ = ["TinyLM", "LMConfig", "cross_entropy_forward", "cross_entropy_backward",
+__all__ = ["TinyLM", "LMConfig", "sample_next", "cross_entropy_forward", "cross_entropy_backward",
            "embedding_forward", "embedding_backward", "grammar_corpus", "CharVocab", "batches"]
 
 
@@ -186,6 +192,87 @@ class TinyLM:
         self.own_grads["pos_emb.weight"][:S] += dh0.sum(axis=0)      # h0 = te + E_pos[:S]
         self.own_grads["tok_emb.weight"] += embedding_backward(dh0, c_tok)  # te = E_tok[tokens]
 
+    # ---- decoding ------------------------------------------------------------------------------
+    def kv_cache(self, batch, max_len=None, dtype=None):
+        """A :class:`preln.stack.StackKVCache` for ``batch`` sequences of up to ``max_len`` positions
+        (default and upper bound: the model's ``config.max_len``, the positions it has embeddings for)."""
+        max_len = self.config.max_len if max_len is None else max_len
+        too_long = isinstance(max_len, (int, np.integer)) and max_len > self.config.max_len
+        if too_long and not isinstance(max_len, bool):
+            raise ValueError(f"max_len: expected at most the model's max_len={self.config.max_len} "
+                             f"(it has position embeddings for no more); got {max_len}")
+        return self.stack.kv_cache(batch, max_len, dtype)
+
+    def decode(self, tokens_new, kv):  # (B, n) int -> logits (B, n, V)
+        """The logits of the next n positions given the cache of the ones before (eval mode);
+        equal to ``forward`` of the whole sequence at those positions."""
+        tokens_new = self._check_tokens(tokens_new, "tokens_new")
+        if not isinstance(kv, StackKVCache):
+            raise TypeError(f"kv: expected a preln.stack.StackKVCache from lm.kv_cache(batch); "
+                            f"got {type(kv).__name__}")
+        t0, n = kv.length, tokens_new.shape[1]
+        if t0 + n > self.config.max_len:
+            raise ValueError(f"tokens_new: positions {t0} .. {t0 + n - 1} would pass the model's "
+                             f"max_len={self.config.max_len} (its last position embedding is "
+                             f"{self.config.max_len - 1})")
+        te, _ = embedding_forward(tokens_new, self.own["tok_emb.weight"])          # (B, n, D)
+        h0 = te + self.own["pos_emb.weight"][t0:t0 + n]                             # positions t0 .. t0+n-1
+        h = self.stack.decode(h0, kv)                                               # (B, n, D)
+        logits, _ = linear_forward(h, self._head_weight(), self.own["head.bias"])   # (B, n, V)
+        return logits
+
+    def generate(self, prompt_ids, n_new, temperature=0.0, seed=None, use_cache=True):
+        """Continue ``prompt_ids`` ((S0,) or (B, S0) ints) by ``n_new`` tokens.
+
+        temperature: 0 -> greedy (argmax of the logits); > 0 -> sampled from
+        softmax(logits / temperature), drawn from ``np.random.default_rng(seed)`` (deterministic given
+        the seed). use_cache: True decodes one position per step with a KV cache; False recomputes the
+        full forward of the whole sequence every step (the same tokens, for comparison).
+
+        Returns the prompt followed by the new tokens, (S0 + n_new,) or (B, S0 + n_new) int64. Needs
+        S0 + n_new <= max_len: the model has position embeddings for max_len positions, so the result
+        can be fed back to ``forward``. Runs in eval mode and restores the mode it found.
+        """
+        ids = np.asarray(prompt_ids)
+        one = ids.ndim == 1
+        ids = self._check_tokens(ids[None] if one else ids, "prompt_ids").astype(np.int64)  # (B, S0)
+        if isinstance(n_new, bool) or not isinstance(n_new, (int, np.integer)) or n_new < 0:
+            raise ValueError(f"n_new: expected an int >= 0; got {n_new!r}")
+        if not isinstance(temperature, (int, float, np.floating)) or not temperature >= 0:
+            raise ValueError(f"temperature: expected a number >= 0 (0 = greedy); got {temperature!r}")
+        B, S0 = ids.shape
+        if S0 + n_new > self.config.max_len:
+            raise ValueError(f"n_new: the prompt's {S0} tokens plus n_new={n_new} exceed the model's "
+                             f"max_len={self.config.max_len} positions (it has no position embedding "
+                             f"past {self.config.max_len - 1}); shorten the prompt or ask for at most "
+                             f"{self.config.max_len - S0} new tokens")
+        rng = np.random.default_rng(seed)
+        out = np.empty((B, S0 + n_new), np.int64)
+        out[:, :S0] = ids
+        was_training = self.stack.training
+        self.eval()
+        try:
+            kv = self.kv_cache(B, S0 + n_new) if use_cache and n_new else None
+            for t in range(S0, S0 + n_new):
+                if kv is None:                                    # no cache: the whole sequence again
+                    logits = self.forward(out[:, :t])[:, -1]                    # (B, V)
+                else:                                             # prefill once, then one position a step
+                    logits = self.decode(out[:, kv.length:t], kv)[:, -1]        # (B, V)
+                out[:, t] = sample_next(logits, temperature, rng)
+        finally:
+            self.train(was_training)
+        return out[0] if one else out
+
+    def _check_tokens(self, tokens, name):
+        tokens = np.asarray(tokens)
+        if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer) or 0 in tokens.shape:
+            raise ValueError(f"{name}: expected a non-empty (B, S) integer array; got shape "
+                             f"{tokens.shape}, dtype {tokens.dtype}")
+        V = self.config.vocab_size
+        if tokens.min() < 0 or tokens.max() >= V:
+            raise ValueError(f"{name}: expected token ids in [0, {V}); got [{tokens.min()}, {tokens.max()}]")
+        return tokens
+
     def loss(self, tokens, targets):
         """Mean cross-entropy (nats per token) of predicting ``targets`` (B, S) from ``tokens``."""
         return float(cross_entropy_forward(self.forward(tokens), targets)[0])
@@ -197,6 +284,18 @@ class TinyLM:
         loss, c_ce = cross_entropy_forward(logits, targets)
         self.backward(cross_entropy_backward(1.0, c_ce))
         return float(loss), self.grads
+
+
+def sample_next(logits, temperature, rng):  # (B, V) -> (B,) int64
+    """Greedy (temperature 0): argmax, the lowest id on a tie. Otherwise one draw per row from
+    softmax(logits / temperature), by inverting the CDF with one uniform number per row."""
+    if temperature == 0:
+        return logits.argmax(axis=-1)
+    z = logits.astype(np.float64) / temperature
+    p = np.exp(z - z.max(axis=-1, keepdims=True))                 # (B, V), unnormalised
+    cdf = np.cumsum(p, axis=-1)                                   # (B, V)
+    u = rng.random(logits.shape[0])[:, None] * cdf[:, -1:]        # (B, 1) uniform on [0, total)
+    return np.minimum((cdf <= u).sum(axis=-1), logits.shape[-1] - 1)
 
 
 # ---- data ------------------------------------------------------------------------------------

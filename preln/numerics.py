@@ -8,8 +8,12 @@ residual stream's growth with depth, error against float64, and loss scaling.
   (:func:`square_threshold`), and a LayerNorm whose sum of squares is kept in float16 overflows
   once d * rms^2 >= 65520 (:func:`layernorm_rms_threshold`, and by bisection with the package's
   naive LayerNorm, :func:`layernorm_rms_threshold_empirical`).
-- The Pre-LN residual stream through a sequence of ``TransformerBlock`` s (:func:`residual_stream`),
-  and the grid of where inf/NaN appear (:func:`overflow_grid`, cached).
+- The Pre-LN residual stream through a sequence of ``TransformerBlock`` s (:func:`residual_stream`,
+  PyTorch's initialisation) and through Xiong et al.'s theory stack (:func:`theory_stream`, Xavier
+  initialisation): the depth at which a float16 LayerNorm overflows depends on which.
+- The grid of where inf/NaN appear (:func:`overflow_grid`, cached), stored in
+  data/precision/overflow_grids.json (:func:`write_overflow_grids`, :func:`stored_overflow_grid`)
+  so that the chapter's interactive figure only draws.
 - Error against float64 per dtype and policy (:func:`precision_error`).
 - Loss scaling for float16 gradients (Micikevicius et al. 2018, arXiv 1710.03740): how many
   gradient entries flush to zero with and without a scale (:func:`gradient_underflow`) and dynamic
@@ -19,7 +23,9 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import math
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -34,7 +40,7 @@ __all__ = [
     "FORMATS", "DTYPES", "format_limits", "format_rows", "overflow_bound", "exp_threshold",
     "exp_threshold_empirical", "square_threshold", "square_threshold_empirical",
     "layernorm_rms_threshold", "layernorm_rms_threshold_empirical", "stack_config",
-    "residual_stream", "overflow_grid", "STATUS", "precision_error", "gradient_underflow",
+    "residual_stream", "theory_stream", "overflow_grid", "stored_overflow_grid", "write_overflow_grids", "STATUS", "precision_error", "gradient_underflow",
     "dynamic_loss_scaling",
 ]
 
@@ -308,6 +314,24 @@ def residual_stream(d, scale, depth, dtype="float16", policy="naive", tokens=16,
     return dict(ms=ms, max_token_ss=ss, status=status, overflow=overflow, first=first)
 
 
+def theory_stream(d, depth, tokens=16, seed=0):
+    """The residual stream of a Pre-LN stack in Xiong et al.'s theory setting (Xavier
+    initialisation, uniform attention, ReLU FFN; :func:`preln.xiong.theory_stack`), float64, on the
+    same input as :func:`residual_stream` (``N(0, 1)`` of shape (1, tokens, d), seeded with ``seed``).
+
+    Returns dict(ms=(depth+1,) mean square, max_token_ss=(depth+1,) largest per-token sum of
+    squares about the mean), l = 0 .. depth: the statistics :func:`residual_stream` records, so
+    the two initialisations can be compared (the package's blocks use PyTorch's initialisation).
+    """
+    from .xiong import theory_stack
+
+    z = np.random.default_rng(seed).standard_normal((1, tokens, d))   # (1, S, D), as residual_stream
+    _, hidden = theory_stack(True, depth, d, seed)(z, return_hidden=True)
+    ms = np.array([np.mean(h ** 2) for h in hidden])
+    ss = np.array([np.max(np.sum((h - h.mean(-1, keepdims=True)) ** 2, axis=-1)) for h in hidden])
+    return dict(ms=ms, max_token_ss=ss)
+
+
 #: the grid of the overflow map: input rms 2^0 .. 2^15, depth 1 .. 24
 GRID_SCALES = tuple(float(2 ** k) for k in range(16))
 GRID_DEPTH = 24
@@ -337,6 +361,49 @@ def precompute_overflow_grids():
     """Fill the cache of :func:`overflow_grid` for every setting of the chapter's overflow map."""
     return {(t, p, d): overflow_grid(t, p, d)
             for t in GRID_DTYPES for p in GRID_POLICIES for d in GRID_D}
+
+
+#: the overflow map's grids, stored so that a frame of the figure is a lookup plus a plot (a grid
+#: runs GRID_DEPTH blocks in numpy's float16 loops: 100-300 ms, more than a frame may take);
+#: the precision chapter and tests/test_numerics.py recompute them and compare
+OVERFLOW_GRIDS_PATH = Path(__file__).resolve().parent.parent / "data" / "precision" / "overflow_grids.json"
+
+
+def _grid_key(dtype, policy, d):
+    return f"{dtype}/{policy}/{d}"
+
+
+def write_overflow_grids(path=OVERFLOW_GRIDS_PATH):
+    """Compute every grid of the overflow map and store them, with the grid's axes, as JSON."""
+    grids = precompute_overflow_grids()
+    doc = {"provenance": {"command": "python -c 'from preln import numerics; numerics.write_overflow_grids()'",
+                          "numpy": np.__version__},
+           "scales": list(GRID_SCALES), "depth": GRID_DEPTH, "status": list(STATUS),
+           # one string per depth (block 1 first), one digit (index into status) per input rms
+           "grids": {_grid_key(*k): ["".join(map(str, row)) for row in v] for k, v in grids.items()}}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return path
+
+
+@functools.lru_cache(maxsize=None)
+def _stored_grids(path=OVERFLOW_GRIDS_PATH):
+    doc = json.loads(Path(path).read_text())
+    if doc["scales"] != list(GRID_SCALES) or doc["depth"] != GRID_DEPTH:
+        raise ValueError(f"{path}: stored for other grid axes; rewrite it with write_overflow_grids()")
+    return doc["grids"]
+
+
+def stored_overflow_grid(dtype="float16", policy="naive", d=64):
+    """The stored :func:`overflow_grid` of one setting, (depth, n_scales), read-only."""
+    grids = _stored_grids()
+    key = _grid_key(dtype, policy, d)
+    if key not in grids:
+        raise KeyError(f"dtype, policy, d: no stored grid for {key!r}; stored: {sorted(grids)}")
+    out = np.array([[int(c) for c in row] for row in grids[key]], dtype=np.int64)
+    out.setflags(write=False)
+    return out
 
 
 # ---- error against float64 ----------------------------------------------------------------------
@@ -406,7 +473,9 @@ def gradient_underflow(loss_scales=(1.0,), grad_rms=2.0 ** -22, d=64, batch=1, t
     Returns a list of dicts, one per scale: scale; flushed (fraction of the entries of dx and the
     12 parameter gradients that are nonzero in float64 but zero in float16); overflowed (fraction
     of all entries that are not finite); error (||g16 - g64|| / ||g64|| over the finite entries, all tensors together);
-    per_tensor (name -> flushed fraction); max_abs (largest |reference gradient|).
+    per_tensor (name -> flushed fraction); max_abs (largest |reference gradient|);
+    flushed_dx and flushed_params: the flushed fraction of the activation gradient dx alone and
+    of the 12 parameter gradients together (sums over the tokens, so sized differently).
     """
     ref, half, x, g = _loss_scaling_setup(d, batch, tokens, seed)
     dy = grad_rms * g
@@ -418,6 +487,7 @@ def gradient_underflow(loss_scales=(1.0,), grad_rms=2.0 ** -22, d=64, batch=1, t
         with np.errstate(all="ignore"):
             g16 = _grads_of(half, x16, (s * dy).astype(np.float16))
         lost = total = bad = entries = 0
+        lost_p = total_p = 0
         per = {}
         num = den = 0.0
         for k, ref_k in g64.items():
@@ -427,6 +497,9 @@ def gradient_underflow(loss_scales=(1.0,), grad_rms=2.0 ** -22, d=64, batch=1, t
             per[k] = float(flushed.sum() / max(1, nz.sum()))
             lost += int(flushed.sum())
             total += int(nz.sum())
+            if k != "dx":
+                lost_p += int(flushed.sum())
+                total_p += int(nz.sum())
             fin = np.isfinite(v)
             bad += int((~fin).sum())
             entries += v.size
@@ -434,7 +507,8 @@ def gradient_underflow(loss_scales=(1.0,), grad_rms=2.0 ** -22, d=64, batch=1, t
             den += float(np.sum(ref_k[fin] ** 2))
         rows.append(dict(scale=float(s), flushed=lost / total, overflowed=bad / entries,
                          error=math.sqrt(num / den) if den else float("nan"),
-                         per_tensor=per, max_abs=max_abs))
+                         per_tensor=per, max_abs=max_abs, flushed_dx=per["dx"],
+                         flushed_params=lost_p / total_p))
     return rows
 
 

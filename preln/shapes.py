@@ -34,6 +34,35 @@ FLOPs
     split/merge heads         0 (a view; merge copies but does no arithmetic)
     ========================  ==============================================================
 
+    Each row also counts its **backward** (``backward_matmul_flops``, ``backward_flops``), read
+    off the package's ``*_backward`` functions line by line (:mod:`preln.ops`, the block's
+    ``backward``):
+
+    ========================  ==============================================================
+    Linear                    two matmuls (dx = dout W, dW = dout^T x), each as large as the
+                              forward one; db: 1 per output element; += into grads: 1 per
+                              parameter
+    LayerNorm                 13 per element (recompute xhat 2, dgamma 2, dbeta 1, g 1,
+                              mean(g) 1, mean(g xhat) 2, subtract 2, scale by rstd 1)
+                              + 2 per row (two divisions by D) + 1 per parameter (+= grads)
+    scores s = q k^T tau      two matmuls (dq = ds k, dk = ds^T q) + 1 per element of dq
+                              and of dk (times tau)
+    softmax                   4 per score (p dp, row sum, subtract, times p)
+    dropout                   2 per element (mask, rescale); on p: 4 (the backward re-applies
+                              the mask to p for dV)
+    weighted sum o = p v      two matmuls (dv = p^T do, dp = do v^T)
+    GELU (erf)                7 per element (u^2, scale, exp, times u, times 1/sqrt(2 pi),
+                              + Phi(u), times dout); gelu_tanh 19; ReLU 2
+    residual add              1 per element (the branch's gradient joins the identity path)
+    tiled attention           recomputes p (the full q k^T, its scaling, mask and the 5-FLOP
+                              softmax), then as the plain path: four matmuls, softmax 4 per
+                              score, tau on dq and dk
+    ========================  ==============================================================
+
+    So the backward's matmuls are exactly twice the forward's on the plain path (every product
+    has two operands, and the block returns dL/dx, so both gradients are needed), plus one
+    2 B S^2 D recomputation on the tiled path: :func:`closed_form_backward_flops`.
+
     The forward matmuls alone follow a closed form (:func:`closed_form_flops`)::
 
         in_proj  2 BS D (3D)   QK^T 2 BH S S d_h = 2 B S^2 D   PV 2 B S^2 D
@@ -73,6 +102,7 @@ from .ops.attention import K_TILE, Q_TILE
 from .precision import compute_dtype, elementwise_dtype, resolve_dtype, resolve_policy
 
 __all__ = ["OpRow", "ShapeFlow", "shape_flow", "observed_shapes", "closed_form_flops",
+           "closed_form_backward_flops", "kept_bytes_per_token", "time_backward",
            "fit_exponent", "PowerLaw", "time_forward", "Timing", "blas_threads",
            "peak_forward_bytes", "ACTIVATION_FLOPS", "format_bytes", "format_count"]
 
@@ -82,6 +112,11 @@ LAYERNORM_FLOPS_PER_ELEMENT = 7
 LAYERNORM_FLOPS_PER_ROW = 5
 SOFTMAX_FLOPS = 5
 DROPOUT_FLOPS = 2
+#: backward conventions (module docstring), per element unless said otherwise
+ACTIVATION_BACKWARD_FLOPS = {"gelu": 7, "gelu_tanh": 19, "relu": 2}
+LAYERNORM_BACKWARD_FLOPS_PER_ELEMENT = 13
+LAYERNORM_BACKWARD_FLOPS_PER_ROW = 2
+SOFTMAX_BACKWARD_FLOPS = 4
 
 Shape = tuple
 
@@ -99,6 +134,8 @@ class OpRow(NamedTuple):
     out_bytes: int            # memory the outputs allocate; 0 for views
     kept: tuple               # ((name, shape, dtype), ...) what the backward keeps from this op
     kept_bytes: int
+    backward_matmul_flops: int = 0   # the matmuls of this op's backward
+    backward_flops: int = 0          # matmul + elementwise of its backward (module docstring)
 
     @property
     def output(self) -> Shape:
@@ -136,6 +173,13 @@ def closed_form_flops(config, B, S):
     """FLOPs of the forward matmuls: 2 B S (4 D^2 + 2 D F) + 4 B S^2 D (multiply-add = 2)."""
     D, F = config.d_model, config.d_ff
     return 2 * B * S * (4 * D * D + 2 * D * F) + 4 * B * S * S * D
+
+
+def closed_form_backward_flops(config, B, S, tiled=False):
+    """FLOPs of the backward matmuls: twice the forward's (dx and dW of every product), plus the
+    2 B S^2 D recomputation of q k^T on the tiled path (which never kept p)."""
+    D = config.d_model
+    return 2 * closed_form_flops(config, B, S) + (2 * B * S * S * D if tiled else 0)
 
 
 def _tiled_key_columns(S, causal, q_tile=Q_TILE, k_tile=K_TILE):
@@ -197,7 +241,7 @@ def shape_flow(config, B, S, dtype=np.float32, training=True, attention="auto", 
     rows = []
 
     def add(name, equation, inputs, outputs, out_dtype, matmul=0, elementwise=0, kept=(),
-            view=False):
+            view=False, bwd_matmul=0, bwd_elementwise=0):
         kept = tuple((n, tuple(s), np.dtype(d)) for n, s, d in kept)
         rows.append(OpRow(
             name=name, equation=equation,
@@ -206,7 +250,8 @@ def shape_flow(config, B, S, dtype=np.float32, training=True, attention="auto", 
             out_dtype=np.dtype(out_dtype), matmul_flops=int(matmul),
             flops=int(matmul + elementwise),
             out_bytes=0 if view else sum(_nbytes(s, out_dtype) for _, s in outputs),
-            kept=kept, kept_bytes=sum(_nbytes(s, d) for _, s, d in kept)))
+            kept=kept, kept_bytes=sum(_nbytes(s, d) for _, s, d in kept),
+            backward_matmul_flops=int(bwd_matmul), backward_flops=int(bwd_matmul + bwd_elementwise)))
 
     bsd, bsf, bs1 = (B, S, D), (B, S, F), (B, S, 1)
     bhsd, bhss = (B, H, S, dh), (B, H, S, S)
@@ -214,17 +259,21 @@ def shape_flow(config, B, S, dtype=np.float32, training=True, attention="auto", 
     def norm(name, x, y):
         add(name, f"{y} = LN({x})", [(x, bsd), ("gamma, beta", (D,))], [(y, bsd)], dt,
             elementwise=LAYERNORM_FLOPS_PER_ELEMENT * B * S * D + LAYERNORM_FLOPS_PER_ROW * B * S,
-            kept=[(x, bsd, dt), ("mean", bs1, st), ("rstd", bs1, st)])
+            kept=[(x, bsd, dt), ("mean", bs1, st), ("rstd", bs1, st)],
+            bwd_elementwise=LAYERNORM_BACKWARD_FLOPS_PER_ELEMENT * B * S * D
+            + LAYERNORM_BACKWARD_FLOPS_PER_ROW * B * S + 2 * D)
 
     def dropout(name, x, shape):
         if p_drop > 0:
             add(name, f"{x} = dropout({x})", [(x, shape)], [(x, shape)], dt,
-                elementwise=DROPOUT_FLOPS * _numel(shape), kept=[(f"mask of {name}", shape, bool_)])
+                elementwise=DROPOUT_FLOPS * _numel(shape), kept=[(f"mask of {name}", shape, bool_)],
+                bwd_elementwise=DROPOUT_FLOPS * _numel(shape))
 
     def attention_rows(h):
         add("attn.in_proj", f"qkv = {h} W_in^T + b_in", [(h, bsd), ("W_in", (3 * D, D))],
             [("qkv", (B, S, 3 * D))], dt, matmul=2 * B * S * D * 3 * D, elementwise=B * S * 3 * D,
-            kept=[(h, bsd, dt)])
+            kept=[(h, bsd, dt)], bwd_matmul=2 * 2 * B * S * D * 3 * D,
+            bwd_elementwise=B * S * 3 * D + 3 * D * D + 3 * D)
         add("attn.split_heads", "q, k, v = split(qkv)", [("qkv", (B, S, 3 * D))],
             [("q", bhsd), ("k", bhsd), ("v", bhsd)], dt, view=True,
             kept=[("qkv (q, k, v are views)", (B, S, 3 * D), dt)]
@@ -238,38 +287,51 @@ def shape_flow(config, B, S, dtype=np.float32, training=True, attention="auto", 
             add("attn.tiled", "o = softmax(q k^T / sqrt(d_h)) v, in tiles",
                 [("q", bhsd), ("k", bhsd), ("v", bhsd)], [("o", bhsd)], dt,
                 matmul=2 * 2 * B * H * cols * dh,
-                elementwise=B * H * (per_score * cols + per_row_tile * row_tiles + scale + S * dh))
+                elementwise=B * H * (per_score * cols + per_row_tile * row_tiles + scale + S * dh),
+                # the backward recomputes p over all S x S scores (no tile is skipped), then
+                # dv = p^T do, dp = do v^T, dq = ds k, dk = ds^T q
+                bwd_matmul=(1 + 4) * 2 * B * H * S * S * dh,
+                bwd_elementwise=B * H * ((S * dh if pol.prescale_queries else S * S)
+                                         + (S * S if masked else 0) + SOFTMAX_FLOPS * S * S
+                                         + SOFTMAX_BACKWARD_FLOPS * S * S + 2 * S * dh))
         else:
             add("attn.scores", "s = q k^T / sqrt(d_h)" + (" + mask" if masked else ""),
                 [("q", bhsd), ("k", bhsd)], [("s", bhss)], ct, matmul=2 * B * H * S * S * dh,
-                elementwise=scale + (B * H * S * S if masked else 0))
+                elementwise=scale + (B * H * S * S if masked else 0),
+                bwd_matmul=2 * 2 * B * H * S * S * dh, bwd_elementwise=2 * B * H * S * dh)
             add("attn.softmax", "p = softmax(s)", [("s", bhss)], [("p", bhss)], ct,
-                elementwise=SOFTMAX_FLOPS * B * H * S * S, kept=[("p", bhss, dt)])
+                elementwise=SOFTMAX_FLOPS * B * H * S * S, kept=[("p", bhss, dt)],
+                bwd_elementwise=SOFTMAX_BACKWARD_FLOPS * B * H * S * S)
             if p_drop > 0:
                 add("attn.dropout", "p = dropout(p)", [("p", bhss)], [("p", bhss)], ct,
                     elementwise=DROPOUT_FLOPS * B * H * S * S,
-                    kept=[("mask of attn.dropout", bhss, bool_)])
+                    kept=[("mask of attn.dropout", bhss, bool_)],
+                    bwd_elementwise=2 * DROPOUT_FLOPS * B * H * S * S)
             add("attn.weighted_sum", "o = p v", [("p", bhss), ("v", bhsd)], [("o", bhsd)], dt,
-                matmul=2 * B * H * S * S * dh)
+                matmul=2 * B * H * S * S * dh, bwd_matmul=2 * 2 * B * H * S * S * dh)
         add("attn.merge_heads", "o = merge(o)", [("o", bhsd)], [("o", bsd)], dt)
         add("attn.out_proj", "a = o W_out^T + b_out", [("o", bsd), ("W_out", (D, D))], [("a", bsd)],
-            dt, matmul=2 * B * S * D * D, elementwise=B * S * D, kept=[("o", bsd, dt)])
+            dt, matmul=2 * B * S * D * D, elementwise=B * S * D, kept=[("o", bsd, dt)],
+            bwd_matmul=2 * 2 * B * S * D * D, bwd_elementwise=B * S * D + D * D + D)
         dropout("dropout1", "a", bsd)
 
     def mlp_rows(h):
         add("mlp.linear1", f"u = {h} W_1^T + b_1", [(h, bsd), ("W_1", (F, D))], [("u", bsf)], dt,
-            matmul=2 * B * S * D * F, elementwise=B * S * F, kept=[(h, bsd, dt)])
+            matmul=2 * B * S * D * F, elementwise=B * S * F, kept=[(h, bsd, dt)],
+            bwd_matmul=2 * 2 * B * S * D * F, bwd_elementwise=B * S * F + F * D + F)
         add(f"mlp.{config.activation}", f"g = {config.activation}(u)", [("u", bsf)], [("g", bsf)], dt,
             elementwise=ACTIVATION_FLOPS[config.activation] * B * S * F,
-            kept=[("u", bsf, dt)] + ([("Phi(u)", bsf, ew)] if config.activation == "gelu" else []))
+            kept=[("u", bsf, dt)] + ([("Phi(u)", bsf, ew)] if config.activation == "gelu" else []),
+            bwd_elementwise=ACTIVATION_BACKWARD_FLOPS[config.activation] * B * S * F)
         dropout("mlp.dropout", "g", bsf)
         add("mlp.linear2", "z = g W_2^T + b_2", [("g", bsf), ("W_2", (D, F))], [("z", bsd)], dt,
-            matmul=2 * B * S * F * D, elementwise=B * S * D, kept=[("g", bsf, dt)])
+            matmul=2 * B * S * F * D, elementwise=B * S * D, kept=[("g", bsf, dt)],
+            bwd_matmul=2 * 2 * B * S * F * D, bwd_elementwise=B * S * D + D * F + D)
         dropout("dropout2", "z", bsd)
 
     def residual(name, a, b, out):
         add(name, f"{out} = {a} + {b}", [(a, bsd), (b, bsd)], [(out, bsd)], dt,
-            elementwise=B * S * D)
+            elementwise=B * S * D, bwd_elementwise=B * S * D)
 
     if config.norm_first:                     # Pre-LN: x1 = x + Attn(LN1(x)); y = x1 + MLP(LN2(x1))
         norm("norm1", "x", "h1")
@@ -295,8 +357,26 @@ def shape_flow(config, B, S, dtype=np.float32, training=True, attention="auto", 
         "params": n_params,
         "param_bytes": n_params * dt.itemsize,
         "closed_form_flops": closed_form_flops(config, B, S),
+        "backward_flops": sum(r.backward_flops for r in rows),
+        "backward_matmul_flops": sum(r.backward_matmul_flops for r in rows),
+        "closed_form_backward_flops": closed_form_backward_flops(config, B, S, tiled),
     }
     return ShapeFlow(rows, totals, config, B, S, dt, bool(training), "tiled" if tiled else "plain")
+
+
+def kept_bytes_per_token(config, dtype=np.float32, policy="safe"):
+    """[(op, array, bytes per token), ...]: what the backward keeps besides p, the part of the cache that is
+    linear in S. Read off the kept arrays of the tiled path at B = S = 1 (which keeps no
+    (S, S) array), so it is the same list :func:`shape_flow` adds up; for the plain path add
+    ``B H S^2 itemsize`` for p (and the dropout masks in training).
+
+    For a Pre-LN block with exact GELU the values add up to
+    ``(8 D + 3 F) itemsize`` (x, h1, qkv = 3D, o, x1, h2; u, Phi(u), g) plus the two LayerNorms'
+    mean and rstd, four values in the statistics dtype (float32 or wider): Phi(u) is kept in
+    the elementwise dtype, float32 for 16-bit storage.
+    """
+    flow = shape_flow(config, 1, 1, dtype=dtype, training=False, attention="tiled", policy=policy)
+    return [(r.name, name, _nbytes(shape, dt)) for r in flow.rows for name, shape, dt in r.kept]
 
 
 def _param_shapes(config):
@@ -420,16 +500,48 @@ def time_forward(cases, dtype=np.float32, training=True, attention="auto", repea
     return Timing(samples.min(axis=0), np.median(samples, axis=0), samples)
 
 
+def time_backward(cases, dtype=np.float32, repeats=5, warmup=1, threads=1, clock=time.process_time,
+                  seed=0):
+    """Time ``block(x)`` and ``block.backward(dy)`` of each training-mode case ``(config, B, S)``;
+    returns ``(forward, backward)``, two :class:`Timing`. Interleaved, CPU clock, best of
+    ``repeats``, as :func:`time_forward`; each backward follows its own forward (untimed part of
+    the pair is the other pass).
+    """
+    pairs = [_block_and_input(cfg, B, S, dtype, True, "auto", seed) for cfg, B, S in cases]
+    dys = [np.random.default_rng(seed + 1).standard_normal(x.shape).astype(x.dtype) for _, x in pairs]
+    fwd = np.zeros((repeats, len(pairs)))
+    bwd = np.zeros((repeats, len(pairs)))
+    with blas_threads(threads):
+        for (block, x), dy in zip(pairs, dys):
+            for _ in range(warmup):
+                block(x)
+                block.backward(dy)
+        for r in range(repeats):
+            for i, ((block, x), dy) in enumerate(zip(pairs, dys)):
+                block.zero_grad()
+                t0 = clock()
+                block(x)
+                t1 = clock()
+                block.backward(dy)
+                t2 = clock()
+                fwd[r, i], bwd[r, i] = t1 - t0, t2 - t1
+    return (Timing(fwd.min(axis=0), np.median(fwd, axis=0), fwd),
+            Timing(bwd.min(axis=0), np.median(bwd, axis=0), bwd))
+
+
 def peak_forward_bytes(config, B, S, dtype=np.float32, training=True, attention="auto", seed=0,
                        threads=1):
     """Peak bytes allocated during one forward (tracemalloc), beyond the parameters and x.
 
-    Counts the cache the forward builds for the backward and every temporary alive at the peak.
+    Counts the cache the forward builds for the backward and every temporary alive at the peak,
+    in a second forward: allocations that happen once per process are left to a warm-up run.
     numpy reports its array buffers to tracemalloc, so this is the activation memory of the op
     sequence, not the process's resident size. BLAS runs ``threads`` threads, as in
     :func:`time_forward` (the memory does not depend on it; the run time on a busy machine does).
     """
     block, x = _block_and_input(config, B, S, dtype, training, attention, seed)
+    with blas_threads(threads):
+        block(x)          # warm-up: one-off allocations (module-level buffers, lazy caches) happen here
     was_tracing = tracemalloc.is_tracing()
     if not was_tracing:
         tracemalloc.start()

@@ -10,6 +10,10 @@ LayerNorm, so ``final_norm=None`` picks "yes" for Pre-LN and "no" for Post-LN, l
 
 Parameter names follow ``torch.nn.TransformerEncoder``: ``layers.3.linear1.weight``,
 ``norm.weight``. The backward is the forward read from the bottom up.
+
+A causal stack decodes with one KV cache per layer (:class:`StackKVCache`): layer l's cache holds
+the keys and values computed from x_{l-1}, so ``stack.decode`` runs every layer on the new positions
+only, as :meth:`preln.TransformerBlock.decode` does for one block.
 """
 import numpy as np
 
@@ -19,7 +23,50 @@ from .config import BlockConfig
 from .ops import layer_norm_backward, layer_norm_forward
 from .precision import resolve_dtype
 
-__all__ = ["TransformerStack", "xavier_normal_params"]
+__all__ = ["TransformerStack", "StackKVCache", "xavier_normal_params"]
+
+
+class StackKVCache:
+    """One :class:`preln.block.KVCache` per layer, filled together by :meth:`TransformerStack.decode`.
+
+    layers: the per-layer caches;  length: positions decoded so far;
+    nbytes: L * 2 * B * max_len * D * itemsize.
+    """
+
+    def __init__(self, layers):
+        self.layers = list(layers)
+
+    @property
+    def length(self):
+        return self.layers[0].length
+
+    @property
+    def batch(self):
+        return self.layers[0].batch
+
+    @property
+    def max_len(self):
+        return self.layers[0].max_len
+
+    @property
+    def dtype(self):
+        return self.layers[0].dtype
+
+    @property
+    def nbytes(self):
+        return sum(kv.nbytes for kv in self.layers)
+
+    def reset(self):
+        for kv in self.layers:
+            kv.reset()
+        return self
+
+    def __len__(self):
+        return len(self.layers)
+
+    def __repr__(self):
+        return (f"StackKVCache({len(self.layers)} layers, batch={self.batch}, max_len={self.max_len}, "
+                f"dtype={self.dtype}, length={self.length}, nbytes={self.nbytes})")
 
 
 def xavier_normal_params(config, rng, dtype=np.float64):
@@ -176,6 +223,31 @@ class TransformerStack:
             x, self._norm_cache = layer_norm_forward(x, self.norm["weight"], self.norm["bias"],
                                                      self.config.eps)   # y = LN_f(x_L)
         return (x, hidden) if return_hidden else x
+
+    # ---- decoding with a KV cache ------------------------------------------------------------
+    def kv_cache(self, batch, max_len, dtype=None):
+        """A :class:`StackKVCache`: one fresh KV cache per layer (causal stacks only)."""
+        return StackKVCache(layer.kv_cache(batch, max_len, dtype) for layer in self.layers)
+
+    def decode(self, x_new, kv):
+        """x_new: (B, n, D), the next n positions -> y_new: (B, n, D), as the full causal forward
+        gives them; every layer's cache grows by n. Eval mode only (see TransformerBlock.decode)."""
+        if not isinstance(kv, StackKVCache):
+            raise TypeError(f"kv: expected a preln.stack.StackKVCache from stack.kv_cache(batch, "
+                            f"max_len); got {type(kv).__name__}")
+        if len(kv) != self.n_layers:
+            raise ValueError(f"kv: expected one cache per layer, {self.n_layers}; got {len(kv)}")
+        if len({c.length for c in kv.layers}) != 1:
+            raise ValueError(f"kv: the layers' caches hold different lengths "
+                             f"{[c.length for c in kv.layers]}; a failed step? call kv.reset()")
+        for layer, layer_kv in zip(self.layers, kv.layers):      # fail before any cache moves
+            layer._check_decode(x_new, layer_kv)
+        x = x_new
+        for layer, layer_kv in zip(self.layers, kv.layers):
+            x = layer.decode(x, layer_kv)                         # x_l = Block_l(x_{l-1})   (B, n, D)
+        if self.final_norm:
+            x, _ = layer_norm_forward(x, self.norm["weight"], self.norm["bias"], self.config.eps)
+        return x
 
     def backward(self, dy):
         """dy = dL/dy, (B, S, D) -> dL/dx_0, (B, S, D); adds every dL/dparam into :attr:`grads`."""

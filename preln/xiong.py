@@ -35,7 +35,8 @@ from .stack import TransformerStack
 
 __all__ = ["theory_stack", "residual_norms", "lemma2_bounds", "last_layer_grad_norm",
            "last_layer_sample_grad_norm",
-           "fit_exponent", "layer_grad_norms", "lm_layer_grad_norms", "train_lm", "load_corpus",
+           "fit_exponent", "layer_grad_norms", "lm_layer_grad_norms", "train_lm", "early_updates",
+           "load_corpus",
            "PAPER_FIG3A", "DATA_DIR"]
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
@@ -243,3 +244,51 @@ def train_lm(norm_first=True, n_layers=6, lr=1e-3, warmup=0, steps=300, seed=0, 
     grad_norm += [float("nan")] * n_missing
     return {"config": config, "train_loss": train_loss, "grad_norm": grad_norm,
             "eval_steps": eval_steps, "eval_loss": eval_loss, "diverged": diverged}
+
+
+def early_updates(norm_first=True, n_layers=6, lr=1e-2, warmup=0, steps=10, seed=0, d_model=32,
+                  n_heads=2, d_ff=128, seq_len=32, batch_size=16, activation="relu",
+                  dtype="float64"):
+    """The first ``steps`` Adam updates of :func:`train_lm`'s run (same model, batches and
+    schedule), measured layer by layer: what the accounts of warm-up predict.
+
+    Per step t and layer l, over the layer's four weight matrices together:
+      ratio[t, l]       ||W_t - W_{t-1}||_F / ||W_{t-1}||_F, the update-to-weight ratio
+      grad[t, l]        ||dL/dW||_F of the gradient that update used
+      sign_like[t, l]   fraction of the weights that moved by more than lr(t)/2: Adam's update
+                        of a coordinate is lr(t) m_hat / (sqrt(v_hat) + eps), exactly +-lr(t) at
+                        step 1 whatever the gradient's size (Kingma & Ba 2015, section 2.1)
+    Per step: lr[t] (the scheduled rate), out_change[t] = ||f_t - f_{t-1}|| / ||f_{t-1}||, the
+    relative change of the logits on a fixed held-out batch (the output change of Liu et al.
+    2020, arXiv 2004.08249), and loss[t] (the training loss before the update).
+    """
+    _, vocab, ids = load_corpus()
+    train_ids, val_ids = _split(ids)
+    lm = TinyLM(LMConfig(vocab_size=len(vocab), max_len=seq_len, d_model=d_model, n_heads=n_heads,
+                         d_ff=d_ff, n_layers=n_layers, norm_first=norm_first, activation=activation),
+                dtype=np.dtype(dtype), seed=seed)
+    opt = Adam(lm.params, lr=lr, betas=(0.9, 0.98), eps=1e-8)
+    train_it = batches(train_ids, batch_size, seq_len, seed=1000 + seed)   # as train_lm
+    probe, _ = next(batches(val_ids, batch_size, seq_len, seed=999))       # its first eval batch
+    names = [[k for k, v in lm.params.items() if k.startswith(f"stack.layers.{l}.") and v.ndim == 2]
+             for l in range(n_layers)]
+    ratio, grad, sign_like = (np.zeros((steps, n_layers)) for _ in range(3))
+    lrs, out_change, losses = np.zeros(steps), np.zeros(steps), np.zeros(steps)
+    f_prev = lm(probe)
+    for t in range(1, steps + 1):
+        tokens, targets = next(train_it)
+        loss, grads = lm.loss_and_grads(tokens, targets)
+        before = {k: lm.params[k].copy() for layer in names for k in layer}
+        lrs[t - 1] = opt.step(grads, lr=warmup_lr(t, lr, warmup))
+        losses[t - 1] = loss
+        for l, layer in enumerate(names):
+            dw = np.concatenate([(lm.params[k] - before[k]).ravel() for k in layer])
+            w = np.concatenate([before[k].ravel() for k in layer])
+            ratio[t - 1, l] = np.linalg.norm(dw) / np.linalg.norm(w)
+            grad[t - 1, l] = np.sqrt(sum(np.sum(grads[k] ** 2) for k in layer))
+            sign_like[t - 1, l] = np.mean(np.abs(dw) > 0.5 * lrs[t - 1])
+        f = lm(probe)
+        out_change[t - 1] = np.linalg.norm(f - f_prev) / np.linalg.norm(f_prev)
+        f_prev = f
+    return dict(ratio=ratio, grad=grad, sign_like=sign_like, lr=lrs, out_change=out_change,
+                loss=losses)

@@ -67,7 +67,13 @@ def _makefile_notebooks() -> list[str] | None:
 def test_every_notebook_is_in_the_nbval_run():
     makefile = (ROOT / "Makefile").read_text()
     recipe = makefile.split("\ntest-notebooks:", 1)[1].split("\n\n", 1)[0]
-    assert "$(NBVAL) $(NOTEBOOKS)" in recipe, "make test-notebooks must run nbval over $(NOTEBOOKS)"
+    assert "$(addprefix nbval-kernel-,$(NB_KERNELS))" in recipe, \
+        "make test-notebooks must run nbval under every kernel of $(NB_KERNELS)"
+    kernels = re.search(r"^NB_KERNELS \?= (.*)$", makefile, re.MULTILINE).group(1).split()
+    assert {"default", "Haswell", "SkylakeX", "Prescott"} <= set(kernels), \
+        f"the OpenBLAS kernel matrix lost a kernel: {kernels}"
+    per_kernel = makefile.split("\nnbval-kernel-%:", 1)[1].split("\n\n", 1)[0]
+    assert "$(NBVAL) $(NOTEBOOKS)" in per_kernel, "each kernel's run must cover $(NOTEBOOKS)"
     assert re.search(r"^NBVAL\s*:=.*--nbval(\s|$)", makefile, re.MULTILINE), \
         "nbval must compare outputs (--nbval, not --nbval-lax)"
     expanded = _makefile_notebooks()

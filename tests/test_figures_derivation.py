@@ -7,6 +7,7 @@ from preln import BlockConfig, TransformerBlock
 from preln.figures import all_explorables
 from preln.figures import derivation as figs
 from preln.gradcheck import numerical_gradient, rel_error
+from preln.ops import attention_forward, layer_norm_forward
 
 FD_TOL = 1e-7        # hand-written backward vs central differences (float64)
 EXACT_TOL = 1e-12    # the same computation done two ways in float64
@@ -43,10 +44,12 @@ def test_static_plots_are_labelled_figures():
     rng = np.random.default_rng(0)
     assert_labelled(figs.plot_row_stats(rng.standard_normal((2, 3, 8)), rng.standard_normal((2, 3, 8))))
     assert_labelled(figs.plot_jacobians(np.eye(16), -np.eye(16), 8))
+    assert_labelled(figs.plot_layernorm_graph())
+    assert_labelled(figs.plot_eps_placement(8))
 
 
 def test_explorables_registered_and_every_frame_is_a_labelled_figure():
-    assert set(figs.EXPLORABLES) == {"qk_scaling", "attention_masks"}
+    assert set(figs.EXPLORABLES) == {"qk_scaling", "attention_masks", "online_softmax"}
     found = all_explorables()
     for name, (plot, controls) in figs.EXPLORABLES.items():
         assert found[f"derivation.{name}"] == (plot, controls)
@@ -135,7 +138,7 @@ def test_softmax_saturation_without_scale():
 
 def test_gelu_difference_matches_the_published_bound():
     d = figs.gelu_difference()
-    assert abs(d["max_abs"] - 4.7e-4) < 0.05e-4            # NUMBERS.md: about 4.7e-4
+    assert abs(d["max_abs"] - 4.7e-4) < 0.05e-4            # pins this computation: 4.73e-4
     assert abs(d["x_at_max"] - 2.7) < 0.05                  # near |x| = 2.7
     assert np.abs(d["diff"] - d["diff"][::-1]).max() < EXACT_TOL   # an even function
 
@@ -178,3 +181,63 @@ def test_table_text_and_html():
     assert "<caption>errors</caption>" in html and "a&lt;b" in html and html.count("<tr>") == 3
     with pytest.raises(ValueError, match="rows"):
         figs.Table(["a", "b"], [(1,)])
+
+
+# ---- the LayerNorm graph, the online softmax, eps ---------------------------------------------
+
+def test_layernorm_graph_edges_join_known_nodes():
+    for a, b, label in figs.LN_GRAPH_EDGES:
+        assert a in figs.LN_GRAPH_NODES and b in figs.LN_GRAPH_NODES and label.strip()
+    # every node but x is computed from something, and x reaches y
+    targets = {b for _, b, _ in figs.LN_GRAPH_EDGES}
+    assert targets == set(figs.LN_GRAPH_NODES) - {"x"}
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("q_tile,k_tile", [(1, 1), (3, 2), (4, 5), (16, 16)])
+def test_online_softmax_trace_equals_plain_attention(causal, q_tile, k_tile):
+    rng = np.random.default_rng(3)
+    q, k, v = rng.standard_normal((3, 7, 4))
+    out, trace = figs.online_softmax_trace(q, k, v, q_tile, k_tile, causal)
+    plain, _ = attention_forward(q[None, None], k[None, None], v[None, None], causal=causal)
+    assert np.abs(out - plain[0, 0]).max() < EXACT_TOL
+    z = q @ k.T / 2.0                                         # tau = 1/sqrt(4)
+    if causal:
+        z = np.where(np.tri(7, dtype=bool), z, -np.inf)
+    for rows in {(t["rows"].start, t["rows"].stop) for t in trace}:
+        steps = [t for t in trace if (t["rows"].start, t["rows"].stop) == rows]
+        ms = np.array([t["m"] for t in steps])
+        assert np.all(np.diff(ms, axis=0) >= 0)               # the running max never decreases
+        zr = z[rows[0]:rows[1]]
+        m = zr.max(1)
+        assert np.abs(steps[-1]["m"] - m).max() < EXACT_TOL
+        assert np.abs(steps[-1]["l"] - np.exp(zr - m[:, None]).sum(1)).max() < EXACT_TOL
+    if causal:                                                # no tile entirely right of the diagonal
+        assert all(t["cols"].start <= t["rows"].stop - 1 for t in trace)
+
+
+def test_online_softmax_explorable_frames_and_alt():
+    _, _, _, _, trace = figs.tiling_example()
+    steps = figs.EXPLORABLES["online_softmax"][1]["step"]
+    assert steps == list(range(1, len(trace) + 1))
+    assert len(trace) == 6                                    # 2 key tiles for rows 0-3, 4 for rows 4-7
+    text = figs.online_softmax_alt(len(trace))
+    assert "6 of 6 tiles" in text and "queries 4 to 7" in text and "keys 6 to 7" in text
+    with pytest.raises(ValueError, match="step"):
+        figs.plot_online_softmax(0)
+
+
+@pytest.mark.parametrize("d", [4, 8, 64])
+def test_layer_norm_output_std_matches_both_formulas(d):
+    rng = np.random.default_rng(d)
+    for scale in (1e-7, 1e-3, 1.0, 30.0):
+        x = scale * rng.standard_normal((5, d))
+        sigma = x.std(-1)
+        inside, _ = layer_norm_forward(x, np.ones(d), np.zeros(d), 1e-5)
+        outside = (x - x.mean(-1, keepdims=True)) / (x.std(-1, ddof=1, keepdims=True) + 1e-6)
+        assert np.allclose(inside.std(-1), figs.layer_norm_output_std(sigma, d, 1e-5, "inside"),
+                           rtol=1e-10, atol=1e-12)
+        assert np.allclose(outside.std(-1), figs.layer_norm_output_std(sigma, d, 1e-6, "outside"),
+                           rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="placement"):
+        figs.layer_norm_output_std(1.0, d, 1e-5, "between")

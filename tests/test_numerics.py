@@ -1,6 +1,6 @@
-"""Tests of preln.numerics: format limits and overflow thresholds against their closed forms and
-the published values of NUMBERS.md, the empirical searches against the closed forms, and the
-residual-stream and loss-scaling experiments of the precision chapter."""
+"""Tests of preln.numerics: format limits and overflow thresholds against their closed forms (IEEE
+754 binary16, the float8 e4m3fn table of Micikevicius et al. 2022), the empirical searches against
+the closed forms, and the residual-stream and loss-scaling experiments of the precision chapter."""
 import math
 
 import ml_dtypes
@@ -11,8 +11,8 @@ import preln
 from preln import numerics
 from preln.ops import layer_norm_forward
 
-#: NUMBERS.md: rms at which a naive float16 LayerNorm's sum of squares overflows
-PUBLISHED_LN_RMS = {512: 11.31, 768: 9.24, 1024: 8.00, 4096: 4.00, 12288: 2.31}
+#: sqrt(65520 / d) to 2 decimals: rms at which a naive float16 LayerNorm's sum of squares overflows
+CLOSED_FORM_LN_RMS = {512: 11.31, 768: 9.24, 1024: 8.00, 4096: 4.00, 12288: 2.31}
 #: relative agreement of the bisection with the closed form (float16 rounding of the input)
 BISECTION_RTOL = 1e-3
 
@@ -88,8 +88,8 @@ def test_empirical_thresholds_are_the_next_representable_value(name):
 
 
 def test_layernorm_rms_threshold_closed_form():
-    for d, published in PUBLISHED_LN_RMS.items():
-        assert round(numerics.layernorm_rms_threshold(d), 2) == published
+    for d, expected in CLOSED_FORM_LN_RMS.items():
+        assert round(numerics.layernorm_rms_threshold(d), 2) == expected
     assert numerics.layernorm_rms_threshold(65520) == 1.0
 
 
@@ -225,3 +225,36 @@ def test_blas_threads_sets_and_restores_the_thread_count():
     with blas_threads(1) as n:
         assert n >= 1 and get() == 1
     assert get() == before
+
+
+def test_gradient_underflow_splits_activation_and_parameter_gradients():
+    row, = numerics.gradient_underflow([1.0], grad_rms=2.0 ** -22, d=16, tokens=8)
+    assert row["flushed_dx"] == row["per_tensor"]["dx"]
+    # the overall fraction is a weighted mean of the two parts, so it lies between them
+    lo, hi = sorted((row["flushed_dx"], row["flushed_params"]))
+    assert lo <= row["flushed"] <= hi
+    assert row["flushed_params"] > 0
+
+
+def test_theory_stream_grows_faster_than_pytorch_init():
+    """The depth-to-overflow prediction depends on the initialisation: Xavier (Xiong et al.'s
+    setting) grows the stream by about d per block, PyTorch's default init by a fraction of it."""
+    depth = 12
+    xav = numerics.theory_stream(32, depth, tokens=8)
+    torch_init = numerics.residual_stream(32, 1.0, depth, "float32", "safe", tokens=8)
+    assert xav["ms"].shape == xav["max_token_ss"].shape == (depth + 1,)
+    # the same input: x0 is N(0, 1) of the same seed in both
+    assert np.isclose(xav["max_token_ss"][0], torch_init["max_token_ss"][0, 0], rtol=1e-6)
+    slope_x = np.polyfit(np.arange(depth + 1), xav["ms"], 1)[0]
+    slope_t = np.polyfit(np.arange(depth + 1), torch_init["ms"][0], 1)[0]
+    assert 0.5 < slope_x < 2.0 and slope_t < 0.3 * slope_x
+
+
+def test_stored_overflow_grids_are_the_computed_ones():
+    """The overflow map draws data/precision/overflow_grids.json: it must equal a fresh run."""
+    for (dtype, policy, d), grid in numerics.precompute_overflow_grids().items():
+        stored = numerics.stored_overflow_grid(dtype, policy, d)
+        assert stored.shape == (numerics.GRID_DEPTH, len(numerics.GRID_SCALES))
+        assert np.array_equal(stored, grid), (dtype, policy, d)
+    with pytest.raises(KeyError, match="no stored grid"):
+        numerics.stored_overflow_grid("float16", "naive", 48)

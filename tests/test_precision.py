@@ -1,5 +1,5 @@
-"""16-bit storage: the safe policy keeps the block finite and accurate, the naive one fails the way
-NUMBERS.md says it does, and the tracer names where.
+"""16-bit storage: the safe policy keeps the block finite and accurate, the naive one fails where the
+formats' limits say it must, and the tracer names where.
 
 Error metrics (y16 is the 16-bit block's output cast to float64, y64 the float64 block's output on
 the same input and weights):
@@ -115,7 +115,7 @@ def test_no_trace_no_overflow_record(rms100):
 
 @pytest.mark.parametrize("rms, overflows", [(11.0, False), (11.5, True)])
 def test_naive_float16_layer_norm_overflow_threshold(rms, overflows):
-    """NUMBERS.md: the float16 sum of squares overflows once d * rms^2 >= 65520: rms 11.31 at d=512."""
+    """The float16 sum of squares overflows once d * rms^2 >= 65520: rms 11.31 at d=512."""
     d = 512
     x = (rms * np.where(np.arange(d) % 2, 1.0, -1.0)).astype(np.float16)[None]   # mean 0, var rms^2
     ones, zeros = np.ones(d, np.float16), np.zeros(d, np.float16)

@@ -312,3 +312,106 @@ def test_observed_shapes_needs_a_forward(cfg_kwargs, B, S):
     block = TransformerBlock(BlockConfig(**cfg_kwargs))
     with pytest.raises(RuntimeError, match="forward"):
         observed_shapes(block, None)
+
+
+# ---- kept bytes per token, the forward's line count, backward FLOPs (shape-flow chapter) -----
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("cfg_kwargs", CONFIGS)
+def test_kept_bytes_per_token_list_adds_up_to_the_formula(dtype, cfg_kwargs):
+    """c = (8D + 3F) itemsize + 4 statistics (GELU), the list of kept arrays adds up to it, and
+    it is what the tiled path keeps per token (the same list shape_flow sums)."""
+    cfg = BlockConfig(**cfg_kwargs)
+    D, F = cfg.d_model, cfg.d_ff
+    item = np.dtype(dtype).itemsize
+    stat = max(item, 4)                        # LayerNorm statistics: float32 or wider
+    kept = shapes.kept_bytes_per_token(cfg, dtype=dtype)
+    names = [name for _, name, _ in kept]
+    assert any(name.startswith("qkv") for name in names)        # the q/k/v buffer, 3D per token
+    per_name = {name: b for _, name, b in kept}
+    assert per_name["qkv (q, k, v are views)"] == 3 * D * item
+    if cfg.activation == "gelu":
+        expected = (8 * D + 2 * F) * item + F * stat + 4 * stat    # Phi(u) in the elementwise dtype
+    else:
+        expected = (8 * D + 2 * F) * item + 4 * stat
+    assert sum(b for _, _, b in kept) == expected
+    B, S = 2, 7
+    tiled = shape_flow(cfg, B, S, dtype=dtype, training=False, attention="tiled")
+    assert tiled.totals["kept_bytes"] == B * S * expected
+
+
+def test_kept_bytes_per_token_float32_default():
+    cfg = BlockConfig(d_model=64, n_heads=4, d_ff=256)
+    assert sum(b for _, _, b in shapes.kept_bytes_per_token(cfg)) == (8 * 64 + 3 * 256 + 4) * 4
+
+
+ARITHMETIC_LINES = ["norm1", "attn.in_proj", "attn.scores", "attn.softmax", "attn.weighted_sum",
+                    "attn.out_proj", "residual1", "norm2", "mlp.linear1", "mlp.gelu", "mlp.linear2",
+                    "residual2"]
+
+
+def test_forward_line_count_matches_the_chapter_equation():
+    """One Pre-LN forward: 14 ops, of which 12 do arithmetic (split/merge heads only move data)
+    -- and the shape-flow chapter's equation has one line per arithmetic op."""
+    import json
+    import pathlib
+    import re
+    flow = shape_flow(BlockConfig(d_model=64, n_heads=4, d_ff=256), 2, 128)
+    assert len(flow.rows) == 14
+    arithmetic = [r.name for r in flow.rows if r.flops > 0]
+    assert arithmetic == ARITHMETIC_LINES
+    assert [r.name for r in flow.rows if r.flops == 0] == ["attn.split_heads", "attn.merge_heads"]
+    nb = json.loads((pathlib.Path(__file__).parents[1] / "book" / "shape_flow.ipynb").read_text())
+    md = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    aligned = re.search(r"\\begin\{aligned\}(.*?)\\end\{aligned\}", md, re.S).group(1)
+    lines = [ln for ln in aligned.split("\\\\") if ln.strip()]
+    assert len(lines) == len(arithmetic)
+
+
+@pytest.mark.parametrize("cfg_kwargs", CONFIGS)
+@pytest.mark.parametrize("B,S", [(1, 1), (2, 17), (3, 600)])
+def test_backward_matmuls_are_twice_the_forward(cfg_kwargs, B, S):
+    cfg = BlockConfig(**cfg_kwargs)
+    plain = shape_flow(cfg, B, S, training=True, attention="plain")
+    t = plain.totals
+    assert t["backward_matmul_flops"] == 2 * t["matmul_flops"] == 2 * closed_form_flops(cfg, B, S)
+    assert t["backward_matmul_flops"] == t["closed_form_backward_flops"]
+    for r in plain.rows:                               # op by op: dx and dW of every product
+        assert r.backward_matmul_flops == 2 * r.matmul_flops, r.name
+    tiled = shape_flow(cfg, B, S, training=False, attention="tiled")
+    extra = 2 * B * S * S * cfg.d_model                # the backward recomputes q k^T
+    assert tiled.totals["backward_matmul_flops"] == 2 * closed_form_flops(cfg, B, S) + extra
+    assert tiled.totals["backward_matmul_flops"] == tiled.totals["closed_form_backward_flops"]
+
+
+def test_backward_elementwise_counts_per_op():
+    cfg = BlockConfig(d_model=16, n_heads=2, d_ff=32, dropout=0.1)
+    B, S, D, H, F = 2, 5, 16, 2, 32
+    flow = shape_flow(cfg, B, S)
+    bw = {r.name: r.backward_flops - r.backward_matmul_flops for r in flow.rows}
+    assert bw["norm1"] == 13 * B * S * D + 2 * B * S + 2 * D
+    assert bw["attn.in_proj"] == B * S * 3 * D + 3 * D * D + 3 * D     # db + grads +=
+    assert bw["attn.scores"] == 2 * B * S * D                        # tau on dq and dk
+    assert bw["attn.softmax"] == 4 * B * H * S * S
+    assert bw["attn.dropout"] == 4 * B * H * S * S
+    assert bw["mlp.gelu"] == 7 * B * S * F
+    assert bw["residual1"] == bw["residual2"] == B * S * D
+    assert bw["attn.split_heads"] == bw["attn.merge_heads"] == 0
+
+
+def test_training_flops_are_about_six_n_per_token():
+    """Forward + backward matmuls per token = 6 N + 12 S D exactly (N: the weight matrices'
+    parameters, 4 D^2 + 2 D F); with everything counted the backward is about 2x the forward."""
+    for D, F, S in [(64, 256, 128), (768, 3072, 1024), (256, 1024, 16)]:
+        cfg = BlockConfig(d_model=D, n_heads=4, d_ff=F)
+        t = shape_flow(cfg, 1, S).totals
+        n_matmul = 4 * D * D + 2 * D * F
+        assert (t["matmul_flops"] + t["backward_matmul_flops"]) / S == 6 * n_matmul + 12 * S * D
+        assert 1.8 < t["backward_flops"] / t["flops"] < 2.2
+
+
+def test_time_backward_returns_two_timings():
+    cfg = BlockConfig(d_model=16, n_heads=2, d_ff=32)
+    fwd, bwd = shapes.time_backward([(cfg, 1, 8), (cfg, 2, 8)], repeats=2, warmup=1)
+    for t in (fwd, bwd):
+        assert t.best.shape == (2,) and t.samples.shape == (2, 2) and np.all(t.best > 0)

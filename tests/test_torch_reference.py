@@ -152,3 +152,29 @@ def test_eval_mode_tiled_matches_torch_eval(norm_first, mask):
     errors = compare(block, layer, x, kpm, w)
     assert block.cache.attn.sdpa.p is None                       # the tiled path ran
     assert max(errors.values()) < TORCH_TOL_F64, errors
+
+
+@pytest.mark.parametrize("norm_first", [True, False], ids=["preln", "postln"])
+def test_decode_matches_torch_on_every_prefix(norm_first):
+    """Decoding token by token with a KV cache: the output at position t equals torch's causal
+    layer (eval) run on the prefix x[:, :t + 1], at its last position -- what a decoder without a
+    cache would compute for the newest token."""
+    S_dec = 9
+    cfg = BlockConfig(d_model=D, n_heads=H, d_ff=FF, norm_first=norm_first, causal=True)
+    block = TransformerBlock(cfg, dtype=np.float64, seed=8).eval()
+    sd = block.state_dict()
+    sd["self_attn.in_proj_bias"] = 0.1 * np.random.default_rng(9).standard_normal(3 * D)
+    block.load_state_dict(sd)
+    layer = torch_layer(cfg)
+    layer.load_state_dict({k: torch.from_numpy(v) for k, v in sd.items()})
+    layer.eval()
+    x = np.random.default_rng(10).standard_normal((B, S_dec, D))
+    kv = block.kv_cache(B, S_dec)
+    prefill = block.decode(x[:, :3], kv)                          # the prompt in one call
+    steps = [block.decode(x[:, t:t + 1], kv) for t in range(3, S_dec)]
+    ours = np.concatenate([prefill] + steps, axis=1)              # (B, S_dec, D)
+    with torch.no_grad():
+        for t in range(S_dec):
+            mask = nn.Transformer.generate_square_subsequent_mask(t + 1, dtype=torch.float64)
+            y_t = layer(torch.tensor(x[:, :t + 1]), src_mask=mask, is_causal=True)[:, -1]
+            assert scaled_error(ours[:, t], y_t) < TORCH_TOL_F64, t

@@ -92,3 +92,36 @@ def test_stored_run_summaries_agree():
     per_depth = figs.theory_per_depth(theory, "thm1_sample", "pre", depths)
     assert per_depth.shape == (len(depths),)
     assert per_depth[0] == pytest.approx(np.mean(theory["thm1_sample"]["pre"][str(depths[0])]))
+
+
+def test_early_updates_adam_first_step_is_lr_per_weight():
+    """Adam's first step moves every weight by lr whatever its gradient: the update-to-weight
+    ratio is the same for Pre-LN and Post-LN, and warm-up divides it by T_warmup."""
+    kw = dict(n_layers=2, lr=1e-2, steps=3, seed=0, d_model=16, n_heads=2, d_ff=32, seq_len=8,
+              batch_size=4)
+    pre = xiong.early_updates(True, warmup=0, **kw)
+    post = xiong.early_updates(False, warmup=0, **kw)
+    pre_wu = xiong.early_updates(True, warmup=100, **kw)
+    for r in (pre, post, pre_wu):
+        assert r["ratio"].shape == r["grad"].shape == r["sign_like"].shape == (3, 2)
+        # |dW| = lr(1) for every weight with a nonzero gradient (a tiny ReLU model has a few zeros)
+        assert r["sign_like"][0].min() > 0.9
+        assert np.all(r["out_change"] > 0) and np.all(np.isfinite(r["loss"]))
+    assert np.allclose(pre["ratio"][0], post["ratio"][0], rtol=0.05)
+    assert not np.allclose(pre["grad"][0], post["grad"][0], rtol=0.05)   # different gradients
+    assert pre_wu["lr"][0] == 1e-4
+    assert np.allclose(pre_wu["ratio"][0] / pre["ratio"][0], 0.01, rtol=0.05)
+    # the same run as train_lm: the losses before each update agree
+    run = xiong.train_lm(True, warmup=0, eval_every=10_000, eval_batches=1, **kw)
+    assert np.allclose(run["train_loss"], pre["loss"], rtol=1e-12)
+
+
+def test_plot_early_updates_draws_two_panels():
+    import matplotlib
+    matplotlib.use("Agg")
+    from preln.figures import preln_vs_postln as figs
+    kw = dict(n_layers=2, lr=1e-2, steps=2, d_model=16, n_heads=2, d_ff=32, seq_len=8, batch_size=4)
+    res = {(True, 0): xiong.early_updates(True, warmup=0, **kw),
+           (False, 10): xiong.early_updates(False, warmup=10, **kw)}
+    fig = figs.plot_early_updates(res)
+    assert len(fig.axes) == 2 and len(fig.axes[0].lines) == 2

@@ -7,7 +7,8 @@ every callback.
 """
 import importlib
 
-CHAPTERS = ("derivation", "shape_flow", "precision", "preln_vs_postln")
+CHAPTERS = ("derivation", "derivation_block", "shape_flow", "precision", "int8", "inference",
+            "preln_vs_postln")
 
 
 def all_explorables():

@@ -1,13 +1,18 @@
-"""Figures, tables and data helpers for the Derivation chapter (``book/derivation.ipynb``).
+"""Figures, tables and data helpers for the derivation chapters.
 
-The chapter derives every backward pass of the block and checks it; this module holds what the
-notebook needs beyond the package itself, so that the notebook only imports, calls, checks and
-plots:
+``book/derivation_ops.ipynb`` (Derivation I: the ops) derives every op's backward and checks it;
+its figures, explorables and data helpers are here. The helpers for the whole block (the forward
+split into named intermediates, Jacobians through ``block.backward``, :class:`Table`) are shared
+with ``book/derivation_block.ipynb`` (Derivation II), which imports them from this module. The
+explorables keep the prefix ``derivation.`` that ``preln.figures.CHAPTERS`` gives this module.
 
 - data helpers: the block's forward split into named intermediates (:func:`forward_steps`), the
   scalar losses whose finite differences check each gradient (:func:`intermediate_loss`,
   :func:`param_loss`), Jacobians through ``block.backward``, logit statistics for the
-  1/sqrt(d_h) argument, the GELU difference on a fine grid, masked attention probabilities;
+  1/sqrt(d_h) argument, the GELU difference on a fine grid, masked attention probabilities, the
+  online-softmax recurrence of tiled attention with its state after every tile
+  (:func:`online_softmax_trace`, after Dao et al. 2022, arXiv 2205.14135), and the output scale
+  of a LayerNorm for either placement of eps (:func:`layer_norm_output_std`);
 - plots: every function returns a :class:`matplotlib.figure.Figure` built without pyplot (so a
   notebook cell shows it exactly once, when it is the cell's value);
 - :class:`Table`: an HTML / plain-text table (pandas is not a dependency).
@@ -20,7 +25,9 @@ import html
 from typing import Callable
 
 import numpy as np
+from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
 from ..ops import (activation_forward, attention_forward, layer_norm_forward, linear_forward,
                    merge_heads, softmax, split_heads)
@@ -31,7 +38,9 @@ __all__ = [
     "step_sweep", "qk_logit_stats", "softmax_saturation", "gelu_difference", "masked_attention",
     "jacobian_via_backward", "row_stats", "plot_step_sweep", "plot_qk_variance",
     "plot_qk_scaling", "plot_attention_masks", "plot_gelu", "plot_row_stats", "plot_jacobians",
-    "EXPLORABLES",
+    "LN_GRAPH_NODES", "LN_GRAPH_EDGES", "plot_layernorm_graph", "online_softmax_trace",
+    "tiling_example", "plot_online_softmax", "online_softmax_alt", "layer_norm_output_std",
+    "plot_eps_placement", "EXPLORABLES",
 ]
 
 BLUE, VERMILLION, GREEN, ORANGE, SKY, PURPLE, BLACK, YELLOW = PALETTE
@@ -438,6 +447,248 @@ def plot_jacobians(J_pre, J_post, d_model) -> Figure:
     return fig
 
 
+# ---- LayerNorm backward as a computational graph ---------------------------------------------
+
+#: Nodes of the LayerNorm graph: name -> (x, y position, label).
+LN_GRAPH_NODES = {
+    "x": (0.0, 1.0, r"$x$"),
+    "mu": (1.5, 2.0, r"$\mu=\overline{x}$"),
+    "xm": (3.0, 1.0, r"$x-\mu$"),
+    "var": (4.6, 2.0, r"$\sigma^2=\overline{(x-\mu)^2}$"),
+    "r": (7.4, 2.0, r"$r=(\sigma^2+\epsilon)^{-1/2}$"),
+    "xhat": (8.2, 1.0, r"$\hat x=(x-\mu)\,r$"),
+    "y": (10.6, 1.0, r"$y=\gamma\hat x+\beta$"),
+}
+#: Edges of the LayerNorm graph: (from, to, the local derivative the backward multiplies by).
+LN_GRAPH_EDGES = (
+    ("x", "mu", r"$1/D$"),
+    ("x", "xm", r"$I$"),
+    ("mu", "xm", r"$-1$"),
+    ("xm", "var", r"$2(x-\mu)/D$"),
+    ("var", "r", r"$-r^3/2$"),
+    ("xm", "xhat", r"$r$"),
+    ("r", "xhat", r"$x-\mu$"),
+    ("xhat", "y", r"$\gamma$"),
+)
+
+
+def plot_layernorm_graph() -> Figure:
+    """The LayerNorm forward as a graph (nodes left to right), each edge labelled with its local
+    derivative; the backward walks the edges right to left, and x receives three contributions."""
+    fig = Figure(figsize=(9.0, 3.6))
+    ax = fig.subplots()
+    pos = {k: (x, y) for k, (x, y, _) in LN_GRAPH_NODES.items()}
+    # half widths of the node boxes in data units, so arrows start and end at the box edges
+    half_w = {"x": 0.2, "mu": 0.45, "xm": 0.45, "var": 0.8, "r": 0.9, "xhat": 0.75, "y": 0.7}
+    half_h = 0.22
+
+    def edge_point(node, towards):
+        (x0, y0), (x1, y1) = pos[node], towards
+        dx, dy = x1 - x0, y1 - y0
+        t = min(half_w[node] / abs(dx) if dx else np.inf, half_h / abs(dy) if dy else np.inf)
+        return x0 + t * dx, y0 + t * dy
+
+    for a, b, label in LN_GRAPH_EDGES:
+        (x0, y0), (x1, y1) = pos[a], pos[b]
+        start, end = edge_point(a, pos[b]), edge_point(b, pos[a])
+        ax.annotate("", xy=end, xytext=start,
+                    arrowprops=dict(arrowstyle="-|>", color=BLUE, lw=1.6, shrinkA=2, shrinkB=2))
+        ax.annotate("", xy=(start[0], start[1] - 0.14), xytext=(end[0], end[1] - 0.14),
+                    arrowprops=dict(arrowstyle="-|>", color=VERMILLION, lw=1.0, ls="--",
+                                    shrinkA=2, shrinkB=2))
+        ax.text((x0 + x1) / 2, (y0 + y1) / 2 + 0.12, label, ha="center", va="bottom", fontsize=9,
+                color=BLACK)
+    for name, (x, y, label) in LN_GRAPH_NODES.items():
+        ax.text(x, y, label, ha="center", va="center", fontsize=10,
+                bbox=dict(boxstyle="round,pad=0.35", fc="white", ec=BLACK, lw=1))
+    ax.text(10.6, 0.35, r"$d\beta=\sum dy,\ d\gamma=\sum dy\,\hat x$", ha="center", fontsize=9)
+    ax.text(0.3, 0.35, r"$dx$: sum over every path back from $y$", ha="center", fontsize=9, color=VERMILLION)
+    ax.plot([], [], color=BLUE, lw=1.6, label="forward")
+    ax.plot([], [], color=VERMILLION, lw=1.0, ls="--", label="backward (times the edge label)")
+    ax.legend(loc="upper left", fontsize=9)
+    ax.set_xlim(-0.7, 11.6)
+    ax.set_ylim(0.1, 2.7)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.grid(False)
+    ax.set_xlabel("forward: left to right; backward: right to left")
+    ax.set_ylabel("row statistics (top)\nper-feature values (bottom)", fontsize=9)
+    ax.set_title("LayerNorm of one row as a computational graph")
+    return fig
+
+
+# ---- the online softmax, tile by tile -------------------------------------------------------
+
+#: Sizes of the tiling figure: S queries and keys, query tiles of TQ rows, key tiles of TK columns.
+TILE_S, TILE_TQ, TILE_TK, TILE_DH = 8, 4, 2, 4
+
+
+def online_softmax_trace(q, k, v, q_tile, k_tile, causal=False):
+    """The online-softmax recurrence of tiled attention, one head, with its state after every tile.
+
+    q, k, v: (S, d_h) float64. For each query tile and each key tile it reads, the state kept per
+    query row is the running max m, the running sum l of exp(z - m) and the unnormalised output o::
+
+        z = tau q_i k_j^T (masked);  m' = max(m, rowmax z);  p = exp(z - m')
+        l' = exp(m - m') l + rowsum p;  o' = exp(m - m') o + p v_j
+
+    Returns ``(out, trace)``: out (S, d_h) = o / l at the end; trace a list of dicts with ``rows``
+    and ``cols`` (the query and key slices of the tile read) and copies of ``m``, ``l`` (Tq,) and
+    ``o`` (Tq, d_h) after it.
+    """
+    S, dh = q.shape
+    tau = 1.0 / np.sqrt(dh)
+    out = np.empty_like(q)
+    trace = []
+    for i0 in range(0, S, q_tile):
+        rows = slice(i0, min(i0 + q_tile, S))
+        m = np.full(rows.stop - i0, -np.inf)
+        l = np.zeros(rows.stop - i0)
+        o = np.zeros((rows.stop - i0, dh))
+        k_end = min(S, rows.stop) if causal else S        # causal: tiles right of the diagonal hold no visible key
+        for j0 in range(0, k_end, k_tile):
+            cols = slice(j0, min(j0 + k_tile, k_end))
+            z = tau * q[rows] @ k[cols].T                            # (Tq, Tk)
+            if causal:
+                z = np.where(np.arange(cols.start, cols.stop)[None, :] >
+                             np.arange(rows.start, rows.stop)[:, None], -np.inf, z)
+            m_new = np.maximum(m, z.max(axis=1))
+            shift = np.where(np.isfinite(m_new), m_new, 0.0)
+            p = np.exp(z - shift[:, None])
+            alpha = np.exp(m - shift)
+            l = alpha * l + p.sum(axis=1)
+            o = alpha[:, None] * o + p @ v[cols]
+            m = m_new
+            trace.append({"rows": rows, "cols": cols, "m": m.copy(), "l": l.copy(), "o": o.copy()})
+        out[rows] = o / np.where(l == 0, 1.0, l)[:, None]
+    return out, trace
+
+
+def tiling_example(seed=0, causal=True):
+    """q, k, v (TILE_S, TILE_DH) and the trace of :func:`online_softmax_trace` for the figure."""
+    rng = np.random.default_rng([seed, 7])
+    q, k, v = rng.standard_normal((3, TILE_S, TILE_DH))
+    out, trace = online_softmax_trace(q, k, v, TILE_TQ, TILE_TK, causal)
+    return q, k, v, out, trace
+
+
+def plot_online_softmax(step) -> Figure:
+    """Tiled causal attention after ``step`` tiles have been read (1 .. number of tiles).
+
+    Left: the S x S score matrix cut into tiles; tiles read so far are filled (sky blue), the
+    current one is outlined, tiles right of the causal diagonal (grey) are never read; crosses
+    mark the masked scores. Right: for the current query tile, the running max m and sum l of
+    each row next to their final values, and what is kept per row.
+    """
+    q, k, _, _, trace = tiling_example()
+    if not 1 <= step <= len(trace):
+        raise ValueError(f"step: expected 1 .. {len(trace)}; got {step}")
+    fig = Figure(figsize=(8.8, 3.9))
+    ax1, ax2 = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1.25]})
+    read = trace[:step]
+    cur = trace[step - 1]
+    # one image for all tiles (0 not read yet, 1 read, 2 never read: right of the causal diagonal);
+    # one imshow and two line collections draw faster than a patch per tile
+    state = np.zeros((TILE_S, TILE_S))
+    for i0 in range(0, TILE_S, TILE_TQ):
+        for j0 in range(0, TILE_S, TILE_TK):
+            if j0 >= i0 + TILE_TQ:
+                state[i0:i0 + TILE_TQ, j0:j0 + TILE_TK] = 2
+    for t in read:
+        state[t["rows"], t["cols"]] = 1
+    ax1.imshow(state, cmap=ListedColormap(["white", SKY, "0.8"]), vmin=0, vmax=2)
+    ax1.hlines(np.arange(0, TILE_S + 1, TILE_TQ) - 0.5, -0.5, TILE_S - 0.5, color=BLACK, lw=1)
+    ax1.vlines(np.arange(0, TILE_S + 1, TILE_TK) - 0.5, -0.5, TILE_S - 0.5, color=BLACK, lw=1)
+    ax1.add_patch(Rectangle((cur["cols"].start - 0.5, cur["rows"].start - 0.5), TILE_TK, TILE_TQ,
+                            fill=False, ec=VERMILLION, lw=3))
+    ii, jj = np.meshgrid(np.arange(TILE_S), np.arange(TILE_S), indexing="ij")
+    ax1.plot(jj[jj > ii], ii[jj > ii], "x", color=BLACK, ms=4, alpha=0.5)
+    ax1.set_xlim(-0.5, TILE_S - 0.5)
+    ax1.set_ylim(TILE_S - 0.5, -0.5)
+    ax1.set_aspect("equal")
+    ax1.set_xticks(range(0, TILE_S, TILE_TK))       # a tick per tile: ticks are the costly artists
+    ax1.set_yticks(range(0, TILE_S, TILE_TQ))
+    ax1.grid(False)
+    ax1.set_xlabel("key position j")
+    ax1.set_ylabel("query position i")
+    ax1.set_title(f"Tiles read: {step} of {len(trace)}", fontsize=10)
+    rows = np.arange(cur["rows"].start, cur["rows"].stop)
+    z_full = (q[rows] @ k.T) / np.sqrt(TILE_DH)                      # (Tq, S), all keys at once
+    z_full = np.where(np.arange(TILE_S)[None, :] > rows[:, None], -np.inf, z_full)
+    m_final = z_full.max(axis=1)
+    l_final = np.exp(z_full - m_final[:, None]).sum(axis=1)
+    ax2.plot(rows, m_final, "_", color=BLACK, ms=22, mew=2, label="final max m")
+    ax2.plot(rows, cur["m"], "o", color=VERMILLION, label="running max m")
+    ax2.plot(rows, l_final, "_", color=GREEN, ms=22, mew=2, label="final sum l")
+    ax2.plot(rows, cur["l"] * np.exp(cur["m"] - m_final), "s", color=BLUE,
+             label=r"running sum l, rescaled to final m")
+    ax2.set_xticks(rows)
+    ax2.set_xlabel("query row i of the current tile")
+    ax2.set_ylabel("max logit m, sum l (dimensionless)")
+    ax2.set_title(f"Kept per row: m, l and {TILE_DH} output numbers;\nkeys {cur['cols'].start}-"
+                  f"{cur['cols'].stop - 1} of rows {rows[0]}-{rows[-1]} just read", fontsize=10)
+    ax2.legend(fontsize=8, loc="upper left")
+    lo = min(np.min(cur["m"]), np.min(m_final), 0.0)
+    ax2.set_ylim(lo - 0.5, max(np.max(l_final), np.max(m_final)) * 1.6 + 0.5)
+    return fig
+
+
+def online_softmax_alt(step) -> str:
+    """Alt text of :func:`plot_online_softmax`."""
+    _, _, _, _, trace = tiling_example()
+    cur = trace[step - 1]
+    rows, cols = cur["rows"], cur["cols"]
+    n_read = sum(1 for t in trace[:step] if t["rows"] == rows)
+    n_row_tiles = sum(1 for t in trace if t["rows"] == rows)
+    return (f"Left: an {TILE_S} by {TILE_S} grid of attention scores cut into tiles of {TILE_TQ} "
+            f"queries by {TILE_TK} keys; with the causal mask the tiles right of the diagonal are "
+            f"grey and never read, and crosses mark masked scores. {step} of {len(trace)} tiles have been read; the current one "
+            f"covers queries {rows.start} to {rows.stop - 1} and keys {cols.start} to {cols.stop - 1}, "
+            f"key tile {n_read} of the {n_row_tiles} for these queries. Right: for each of these "
+            f"query rows, the running maximum logit and running sum of exponentials kept so far, "
+            f"next to their final values, which they reach after the last key tile.")
+
+
+# ---- eps: where it goes ------------------------------------------------------------------------
+
+def layer_norm_output_std(sigma, d, eps, placement):
+    """Standard deviation (biased, over the row) of the normalised output of a row with biased
+    standard deviation ``sigma`` and width ``d`` (the normalisation is affine in the row, so this
+    is exact for any row shape):
+
+    - ``"inside"``  (PyTorch): (x - mean) / sqrt(var + eps), var biased  -> sigma / sqrt(sigma^2 + eps)
+    - ``"outside"`` (Annotated Transformer): (x - mean) / (std + eps), std unbiased
+                                             -> sigma / (sigma sqrt(d / (d - 1)) + eps)
+    """
+    sigma = np.asarray(sigma, dtype=np.float64)
+    if placement == "inside":
+        return sigma / np.sqrt(sigma ** 2 + eps)
+    if placement == "outside":
+        return sigma / (sigma * np.sqrt(d / (d - 1)) + eps)
+    raise ValueError(f"placement: expected 'inside' or 'outside'; got {placement!r}")
+
+
+def plot_eps_placement(d, eps_inside=1e-5, eps_outside=1e-6) -> Figure:
+    """Output std of a normalised row against the input row's std, eps inside vs outside the root."""
+    sigmas = np.logspace(-8, 1, 400)
+    fig = Figure(figsize=(6.4, 3.6))
+    ax = fig.subplots()
+    ax.semilogx(sigmas, layer_norm_output_std(sigmas, d, eps_inside, "inside"), color=BLUE,
+                label=f"PyTorch: eps = {eps_inside:g} inside the root, biased var")
+    ax.semilogx(sigmas, layer_norm_output_std(sigmas, d, eps_outside, "outside"), color=ORANGE,
+                ls="--", label=f"Annotated Transformer: std + {eps_outside:g}, unbiased std")
+    ax.axvline(np.sqrt(eps_inside), color=BLUE, lw=1, alpha=0.5)
+    ax.axvline(eps_outside, color=ORANGE, lw=1, alpha=0.5)
+    ax.axhline(np.sqrt((d - 1) / d), color=BLACK, lw=1, ls=":",
+               label=f"sqrt((D-1)/D) = {np.sqrt((d - 1) / d):.3f}, D = {d}")
+    ax.set_ylim(0, 1.1)
+    ax.set_xlabel("std of the input row (dimensionless)")
+    ax.set_ylabel("std of the output row (dimensionless)")
+    ax.set_title(f"Where eps goes, D = {d}")
+    ax.legend(fontsize=8, loc="center right")
+    return fig
+
+
 # ---- a table without pandas --------------------------------------------------------------------
 
 class Table:
@@ -485,4 +736,5 @@ class Table:
 EXPLORABLES = {
     "qk_scaling": (plot_qk_scaling, {"d_h": [4, 8, 16, 32, 64, 128]}),
     "attention_masks": (plot_attention_masks, {"mask": list(MASKS)}),
+    "online_softmax": (plot_online_softmax, {"step": list(range(1, 7))}),
 }

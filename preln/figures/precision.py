@@ -94,17 +94,14 @@ def plot_softmax_overflow(t, naive, safe, threshold):
     return fig
 
 
-def plot_layernorm_thresholds(ds, empirical, published):
-    """rms at which a float16 sum of squares overflows, against d: closed form, bisection, paper."""
+def plot_layernorm_thresholds(ds, empirical):
+    """rms at which a float16 sum of squares overflows, against d: closed form and bisection."""
     fig = Figure()
     ax = fig.add_subplot()
     dd = np.geomspace(min(ds), max(ds), 200)
     ax.plot(dd, np.sqrt(65520.0 / dd), color=BLUE, label="closed form $\\sqrt{65520/d}$")
     ax.scatter(ds, empirical, color=VERMILLION, marker="o", zorder=3,
                label="bisection with the naive LayerNorm")
-    pd = [d for d in ds if d in published]
-    ax.scatter(pd, [published[d] for d in pd], color=BLACK, marker="+", s=80, zorder=4,
-               label="NUMBERS.md")
     ax.fill_between(dd, np.sqrt(65520.0 / dd), 20, color=VERMILLION, alpha=0.08)
     ax.text(600, 16, "variance = inf:\noutput silently 0", fontsize=9, color=VERMILLION)
     ax.set_xscale("log", base=2)
@@ -118,9 +115,10 @@ def plot_layernorm_thresholds(ds, empirical, published):
 def plot_overflow_map(dtype="float16", policy="naive", d=64):
     """Where the residual stream of a Pre-LN stack stops being finite: input rms x depth.
 
-    Reads the cached :func:`preln.numerics.overflow_grid`; the lines are the closed forms.
+    Reads the stored grid (:func:`preln.numerics.stored_overflow_grid`, which the chapter and the
+    tests check against :func:`preln.numerics.overflow_grid`); the line is the closed form.
     """
-    grid = numerics.overflow_grid(dtype, policy, d)                  # (depth, n_scales)
+    grid = numerics.stored_overflow_grid(dtype, policy, d)           # (depth, n_scales)
     scales = np.log2(numerics.GRID_SCALES)
     fig = Figure(figsize=(6.0, 3.6))
     ax = fig.add_subplot()
@@ -143,7 +141,7 @@ def plot_overflow_map(dtype="float16", policy="naive", d=64):
 
 def overflow_map_alt(dtype="float16", policy="naive", d=64):
     """Alt text for one frame of the overflow map, from the grid it shows."""
-    grid = numerics.overflow_grid(dtype, policy, d)
+    grid = numerics.stored_overflow_grid(dtype, policy, d)
     scales = numerics.GRID_SCALES
     parts = []
     for k, name in enumerate(numerics.STATUS):
@@ -155,15 +153,19 @@ def overflow_map_alt(dtype="float16", policy="naive", d=64):
             + f". The dashed line marks sqrt(65520/d) = {math.sqrt(65520.0 / d):.3g}.")
 
 
-def plot_stream_growth(curves, widths):
+def plot_stream_growth(curves, widths, xavier=None):
     """Per-token mean square of the residual stream against depth, with the float16 thresholds.
 
-    curves: {d: array over depth 0..L of max_token_ss / d}; widths: the d whose 65520/d is drawn.
+    curves: {d: array over depth 0..L of max_token_ss / d} (PyTorch's initialisation);
+    widths: the d whose 65520/d is drawn; xavier: optional {d: array} for Xiong et al.'s theory
+    setting (Xavier initialisation), drawn dashed.
     """
     fig = Figure()
     ax = fig.add_subplot()
     for (d, m), c in zip(curves.items(), [BLUE, GREEN, PURPLE]):
-        ax.plot(np.arange(len(m)), m, color=c, label=f"measured, d = {d} (float32)")
+        ax.plot(np.arange(len(m)), m, color=c, label=f"PyTorch init, d = {d} (float32)")
+    for (d, m), c in zip((xavier or {}).items(), [BLACK, ORANGE]):
+        ax.plot(np.arange(len(m)), m, color=c, ls="--", label=f"Xavier, theory setting, d = {d}")
     for D, ls in zip(widths, ["-", "--", ":"]):
         ax.axhline(65520.0 / D, color=VERMILLION, ls=ls, lw=1.2,
                    label=f"float16 LayerNorm limit 65520/d, d = {D}")

@@ -196,6 +196,28 @@ def alt_training(depth, lr, seed=0):
             f"learning rate {lr:g}: " + "; ".join(parts) + " nats per character (held-out).")
 
 
+def plot_early_updates(results):
+    """The first Adam steps: update-to-weight ratio (mean over layers) and the fraction of weights
+    that moved by more than lr(t)/2, per step, for results[(norm_first, warmup)] of
+    :func:`preln.xiong.early_updates`."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9.0, 3.4), layout="constrained")
+    for (norm_first, warmup), r in results.items():
+        t = np.arange(1, len(r["lr"]) + 1)
+        label = f"{_name(norm_first)}, {'warm-up ' + str(warmup) if warmup else 'no warm-up'}"
+        ax1.plot(t, r["ratio"].mean(axis=1), **STYLE[(norm_first, warmup > 0)], marker="o", ms=3,
+                 label=label)
+        ax2.plot(t, 100 * r["sign_like"].mean(axis=1), **STYLE[(norm_first, warmup > 0)],
+                 marker="o", ms=3, label=label)
+    ax1.set_yscale("log")
+    ax1.set_xlabel("Adam step t")
+    ax1.set_ylabel("||W_t - W_(t-1)|| / ||W_(t-1)||\n(mean over layers)")
+    ax2.set_xlabel("Adam step t")
+    ax2.set_ylabel("% of weights moved by > lr(t)/2")
+    ax2.set_ylim(-3, 103)
+    ax1.legend(fontsize=8, loc="lower left")
+    return fig
+
+
 def plot_final_loss():
     """Held-out loss after 300 steps against peak lr, one panel per depth (stored sweep)."""
     data = load_runs()

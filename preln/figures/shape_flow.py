@@ -16,8 +16,8 @@ from ..shapes import closed_form_flops, format_bytes, format_count, shape_flow
 from ..viz import PALETTE
 
 __all__ = ["EXPLORABLES", "plot_ops", "ops_alt", "plot_flops_split", "flops_split_alt",
-           "shape_table_html", "live_shape_table", "plot_flops_vs_size", "plot_timings",
-           "plot_peak_memory"]
+           "shape_table_html", "backward_table_html", "kept_per_token_html", "live_shape_table",
+           "plot_flops_vs_size", "plot_timings", "plot_peak_memory"]
 
 #: the explorable over the op-by-op costs: B = 1, F = 4 D
 OPS_CONTROLS = {"S": [128, 1024, 8192], "D": [64, 256, 1024], "H": [1, 4, 16]}
@@ -204,6 +204,42 @@ def shape_table_html(flow):
     return (f"<div style='overflow-x:auto'><table class='preln-shape-table' "
             f"style='font-size:0.75em;border-collapse:collapse'><caption>{e(caption)}</caption>"
             f"<thead>{head}</thead><tbody>{''.join(body)}</tbody></table></div>")
+
+
+def _simple_table(head, rows, caption, right=()):
+    e = html.escape
+    cells = lambda tag, vals: "".join(  # noqa: E731
+        f"<{tag} style='{_TDR if j in right else _TD}'>{e(str(v))}</{tag}>" for j, v in enumerate(vals))
+    body = "".join(f"<tr>{cells('td', r)}</tr>" for r in rows)
+    return (f"<div style='overflow-x:auto'><table style='font-size:0.75em;border-collapse:collapse'>"
+            f"<caption>{e(caption)}</caption><thead><tr>{cells('th', head)}</tr></thead>"
+            f"<tbody>{body}</tbody></table></div>")
+
+
+def backward_table_html(flow):
+    """Forward against backward FLOPs, op by op, with the totals (matmuls and all)."""
+    rows = [[r.name, format_count(r.flops), format_count(r.backward_flops),
+             f"{r.backward_flops / r.flops:.2f}" if r.flops else "-"] for r in flow.rows]
+    t = flow.totals
+    rows.append(["total", format_count(t["flops"]), format_count(t["backward_flops"]),
+                 f"{t['backward_flops'] / t['flops']:.2f}"])
+    rows.append(["of which matmuls", format_count(t["matmul_flops"]),
+                 format_count(t["backward_matmul_flops"]),
+                 f"{t['backward_matmul_flops'] / t['matmul_flops']:.2f}"])
+    cfg = flow.config
+    caption = (f"FLOPs per op, forward and backward: B = {flow.B}, S = {flow.S}, D = {cfg.d_model}, "
+               f"H = {cfg.n_heads}, F = {cfg.d_ff}, {flow.path} attention")
+    return _simple_table(["op", "forward", "backward", "backward / forward"], rows, caption,
+                         right=(1, 2, 3))
+
+
+def kept_per_token_html(kept, dtype_name="float32"):
+    """The list of :func:`preln.shapes.kept_bytes_per_token`: op, array, bytes per token; total."""
+    rows = [[op, name, b] for op, name, b in kept]
+    rows.append(["total", "c", sum(b for _, _, b in kept)])
+    return _simple_table(["kept by", "array", "bytes per token"], rows,
+                         f"What the backward keeps per token besides p ({dtype_name} block)",
+                         right=(2,))
 
 
 def live_shape_table(B=2, S=128, D=64, H=4, F=256):

@@ -3,6 +3,7 @@
 from .activations import ACTIVATIONS, activation_backward, activation_forward, gelu, gelu_tanh, relu
 from .attention import (attention_backward, attention_forward, flash_attention_forward, mask_bias,
                         merge_heads, split_heads)
+from .batchnorm import BatchNorm1d, batchnorm_backward, batchnorm_forward
 from .dropout import dropout_backward, dropout_forward
 from .layernorm import layer_norm_backward, layer_norm_forward
 from .linear import linear_backward, linear_forward
@@ -11,7 +12,8 @@ from .softmax import softmax, softmax_backward, softmax_forward
 __all__ = [
     "ACTIVATIONS", "activation_backward", "activation_forward", "gelu", "gelu_tanh", "relu",
     "attention_backward", "attention_forward", "flash_attention_forward", "mask_bias",
-    "merge_heads", "split_heads", "dropout_backward", "dropout_forward", "layer_norm_backward",
+    "merge_heads", "split_heads", "BatchNorm1d", "batchnorm_backward", "batchnorm_forward",
+    "dropout_backward", "dropout_forward", "layer_norm_backward",
     "layer_norm_forward", "linear_backward", "linear_forward", "softmax", "softmax_backward",
     "softmax_forward",
 ]

@@ -2,15 +2,18 @@
 
     S = (Q / sqrt(d_h)) K^T + mask;   P = softmax(S);   O = dropout(P) V
 
-The plain path keeps P, (B, H, S, S), for the backward. The tiled path (FlashAttention, Dao et al.
-2022, arXiv 2205.14135) walks key tiles with the online-softmax recurrence and never holds more
-than one (B, H, Tq, Tk) tile of scores; it is what eval mode runs.
+The plain path keeps P, (B, H, S, S), for the backward. With ``fused=True`` (float32/float64, safe
+policy, no dropout, no tracer) its softmax -- scale, mask, max, exp, sum, divide -- is one pass
+over the scores (:func:`preln.ops.fused.softmax`), and so is the softmax's backward. The tiled
+path (FlashAttention, Dao et al. 2022, arXiv 2205.14135) walks key tiles with the online-softmax
+recurrence and never holds more than one (B, H, Tq, Tk) tile of scores; it is what eval mode runs.
 """
 from typing import NamedTuple
 
 import numpy as np
 
 from ..precision import SAFE, compute_dtype, matmul, no_watch
+from . import fused as _fused
 from .dropout import dropout_backward, dropout_forward
 from .softmax import softmax_backward, softmax_forward
 
@@ -68,12 +71,19 @@ def _scores(q, k, policy, ct):  # (B, H, Sq, d_h), (B, H, Sk, d_h) -> (B, H, Sq,
 
 
 def attention_forward(q, k, v, key_padding_mask=None, causal=False, dropout_p=0.0, rng=None,
-                      policy=SAFE, watch=no_watch, keep_probs=True):
+                      policy=SAFE, watch=no_watch, keep_probs=True, fused=False):
     """Plain attention. q, k, v: (B, H, S, d_h) -> (out (B, H, S, d_h), cache).
 
     key_padding_mask: (B, S) bool, True = padding key. With ``keep_probs=False`` P is not cached
-    and the backward recomputes it.
+    and the backward recomputes it. ``fused=True``: the fused softmax (see the module docstring;
+    the caller checks that it applies), with the scale applied to the scores instead of to q.
     """
+    if fused:
+        s = q @ k.swapaxes(-1, -2)                                    # (B, H, S, S), unscaled
+        p = _fused.softmax(s, 1.0 / np.sqrt(q.shape[-1]), key_padding_mask, causal)
+        cache = AttentionCache(q, k, v, p if keep_probs else None, None, 0.0, key_padding_mask,
+                               causal, policy)
+        return p @ v, cache                                           # (B, H, S, d_h)
     ct = compute_dtype(q.dtype, policy)
     s = watch("scores", _scores(q, k, policy, ct), q, k)              # (B, H, S, S)
     bias = mask_bias(key_padding_mask, causal, q.shape[2], k.shape[2])
@@ -87,16 +97,19 @@ def attention_forward(q, k, v, key_padding_mask=None, causal=False, dropout_p=0.
     return out.astype(q.dtype, copy=False), cache
 
 
-def attention_backward(dout, cache, out=None):  # (B, H, S, d_h) -> dq, dk, dv, each (B, H, S, d_h)
+def attention_backward(dout, cache, out=None, fused=False):  # (B, H, S, d_h) -> 3 x (B, H, S, d_h)
     """dV = P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(P * dP));  dQ = tau dS K;  dK = tau dS^T Q.
 
     out: optional (dq, dk, dv) arrays, (B, H, S, d_h) each, to write the gradients into and return.
     The block passes views of one (B, S, 3D) array laid out as qkv, so the matmuls write straight
-    into it and the in-projection's backward needs no concatenate.
+    into it and the in-projection's backward needs no concatenate. fused: recompute P and take the
+    softmax's backward with the fused kernels (float32/float64, safe policy, no dropout).
     """
     q, k, v, p, drop_mask, dropout_p, kpm, causal, policy = cache
     ct = compute_dtype(dout.dtype, policy)
-    if p is None:                                                     # recompute P (eval-mode cache)
+    if p is None and fused:                                           # recompute P (eval-mode cache)
+        p = _fused.softmax(q @ k.swapaxes(-1, -2), 1.0 / np.sqrt(q.shape[-1]), kpm, causal)
+    elif p is None:
         s = _scores(q, k, policy, ct)
         bias = mask_bias(kpm, causal, q.shape[2], k.shape[2])
         p, _ = softmax_forward(s if bias is None else s + bias.astype(ct), -1, policy)
@@ -109,7 +122,10 @@ def attention_backward(dout, cache, out=None):  # (B, H, S, d_h) -> dq, dk, dv, 
     dv = np.matmul(pd.swapaxes(-1, -2), doc, out=dv)                  # (B, H, S, d_h)
     dpd = matmul(doc, v.astype(ct, copy=False).swapaxes(-1, -2))      # (B, H, S, S)
     dp = dropout_backward(dpd, drop_mask, dropout_p)
-    ds = softmax_backward(dp, pc, -1, policy)                         # P = softmax(S)
+    if fused:
+        ds = _fused.softmax_backward(dp, pc, out=dp)                  # P = softmax(S), in one pass
+    else:
+        ds = softmax_backward(dp, pc, -1, policy)                     # P = softmax(S)
     tau = ct.type(1.0 / np.sqrt(q.shape[-1]))
     dq = np.matmul(ds, k.astype(ct, copy=False), out=dq)              # S = tau Q K^T
     dq *= tau
@@ -123,10 +139,14 @@ def attention_backward(dout, cache, out=None):  # (B, H, S, d_h) -> dq, dk, dv, 
 
 
 def flash_attention_forward(q, k, v, key_padding_mask=None, causal=False, policy=SAFE,
-                            watch=no_watch, q_tile=Q_TILE, k_tile=K_TILE):
-    """Tiled attention with the online softmax; q, k, v: (B, H, S, d_h) -> (B, H, S, d_h).
+                            watch=no_watch, q_tile=Q_TILE, k_tile=K_TILE, q_offset=0):
+    """Tiled attention with the online softmax; q (B, H, Sq, d_h), k, v (B, H, Sk, d_h) -> (B, H, Sq, d_h).
 
-    For each query tile, over key tiles j (NUMBERS.md, FlashAttention):
+    q_offset: the position of the first query among the keys. 0 for self-attention over one
+    sequence; ``Sk - Sq`` when decoding with a KV cache, where the Sq new queries are the last Sq
+    of Sk positions -- the causal mask then lets query i see keys 0 .. q_offset + i.
+
+    For each query tile, over key tiles j (Dao et al. 2022, Algorithm 1):
         S_j = Q K_j^T;  m' = max(m, rowmax(S_j));  P_j = exp(S_j - m')
         l' = e^(m - m') l + rowsum(P_j);  O' = e^(m - m') O + P_j V_j;  finally O / l.
     Extra memory: one (B, H, q_tile, k_tile) tile plus (m, l, O) for the query tile.
@@ -141,11 +161,11 @@ def flash_attention_forward(q, k, v, key_padding_mask=None, causal=False, policy
         m = np.full((B, H, i1 - i0, 1), -np.inf, dtype=ct)           # running row max
         l = np.zeros((B, H, i1 - i0, 1), dtype=ct)                    # running row sum of exp
         o = np.zeros((B, H, i1 - i0, dh), dtype=ct)                   # running unnormalised output
-        k_end = min(Sk, i1) if causal else Sk                         # causal: later keys are all masked
+        k_end = min(Sk, q_offset + i1) if causal else Sk              # causal: later keys are all masked
         for j0 in range(0, k_end, k_tile):
             j1 = min(j0 + k_tile, k_end)
             s = watch("scores", _scores(qi, k[:, :, j0:j1], policy, ct), qi, k)  # (B, H, Tq, Tk)
-            bias = mask_bias(key_padding_mask, causal, i1 - i0, j1 - j0, i0, j0)
+            bias = mask_bias(key_padding_mask, causal, i1 - i0, j1 - j0, q_offset + i0, j0)
             if bias is not None:
                 s += bias.astype(ct, copy=False)
             if policy.subtract_max:

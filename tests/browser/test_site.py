@@ -180,3 +180,18 @@ def test_page(page_visit, screenshot_dir, name):
 def test_toc_pages_are_built(site_url):
     missing = [p for p in PAGES if not (ROOT / "_build" / "html" / f"{p}.html").is_file()]
     assert not missing, f"pages in _toc.yml that the build did not produce: {missing}"
+
+
+def test_download_links_resolve(page_visit):
+    """Every download link of the book (the Course page's student notebooks, above all) is served
+    by the site itself: a local URL that answers 200. (The test above only sees what a page loads.)"""
+    for name in PAGES:
+        page, _ = page_visit(name)
+        hrefs = page.evaluate("""() => Array.from(document.querySelectorAll('a.download'))
+            .map(a => a.href)""")
+        for href in hrefs:
+            assert urlsplit(href).netloc == urlsplit(page.url).netloc, f"{name}: download from elsewhere: {href}"
+            resp = page.request.get(href)
+            assert resp.status == 200, f"{name}: download link {href} answers {resp.status}"
+            if href.endswith(".ipynb"):
+                assert "nbformat" in resp.json(), f"{name}: {href} is not a notebook"

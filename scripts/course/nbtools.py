@@ -1,0 +1,126 @@
+"""Reading the course's nbgrader notebooks: assignments, questions, solution and hidden-test regions.
+
+Shared by release.py (make assignments), grade.py (make grade), mutate.py (make mutation) and
+tests/test_course*.py. The conventions are in assignments/CONVENTIONS.md.
+"""
+from pathlib import Path
+from typing import NamedTuple
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parents[2]
+COURSE = ROOT / "assignments"
+SOURCE = COURSE / "source"
+RELEASE = COURSE / "release"
+
+BEGIN_SOLUTION, END_SOLUTION = "BEGIN SOLUTION", "END SOLUTION"
+BEGIN_HIDDEN, END_HIDDEN = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"
+
+
+def assignments(source=SOURCE):
+    """Names of the assignments: every source/<name>/<name>.ipynb, sorted."""
+    return sorted(p.parent.name for p in Path(source).glob("*/*.ipynb") if p.stem == p.parent.name)
+
+
+def source_path(name, source=SOURCE):
+    return Path(source) / name / f"{name}.ipynb"
+
+
+def release_path(name, release=RELEASE):
+    return Path(release) / name / f"{name}.ipynb"
+
+
+def read(path):
+    return nbformat.read(str(path), as_version=4)
+
+
+def nbgrader_meta(cell):
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+def grade_id(cell):
+    return nbgrader_meta(cell).get("grade_id")
+
+
+class Question(NamedTuple):
+    key: str           # "q1": the grade_id prefix shared by the prompt, answer and tests cells
+    answers: list      # indices of the answer (solution) code cells
+    tests: int         # index of the graded tests cell
+    points: float
+
+
+def questions(nb):
+    """Autograded questions: each graded code cell ("qk_tests") with the answer cells of its prefix."""
+    out = []
+    for i, cell in enumerate(nb.cells):
+        m = nbgrader_meta(cell)
+        if cell.cell_type == "code" and m.get("grade") and not m.get("solution"):
+            key = m["grade_id"].split("_")[0]
+            answers = [j for j, c in enumerate(nb.cells)
+                       if c.cell_type == "code" and nbgrader_meta(c).get("solution")
+                       and grade_id(c).split("_")[0] == key]
+            out.append(Question(key, answers, i, float(m.get("points", 0))))
+    return out
+
+
+def graded_cells(nb):
+    """(grade_id, points, kind) of every cell that carries points; kind 'auto' or 'manual'."""
+    out = []
+    for cell in nb.cells:
+        m = nbgrader_meta(cell)
+        if m.get("grade"):
+            kind = "auto" if cell.cell_type == "code" and not m.get("solution") else "manual"
+            out.append((m["grade_id"], float(m.get("points", 0)), kind))
+    return out
+
+
+def column_name(nb, gid):
+    """CSV column of a graded cell: the answer's grade_id for "qk_tests" (e.g. q1_layer_norm_forward)."""
+    if gid.endswith("_tests"):
+        key = gid.split("_")[0]
+        names = [grade_id(c) for c in nb.cells
+                 if nbgrader_meta(c).get("solution") and grade_id(c).split("_")[0] == key]
+        if len(names) == 1:
+            return names[0]
+    return gid
+
+
+def regions(source, begin, end):
+    """Lines strictly between each ``begin`` and ``end`` delimiter line, as (line index, text)."""
+    out, inside = [], False
+    for i, line in enumerate(source.split("\n")):
+        if begin in line:
+            inside = True
+        elif end in line:
+            inside = False
+        elif inside:
+            out.append((i, line))
+    return out
+
+
+def secret_lines(nb):
+    """Every non-trivial line a student must not see: solutions, hidden tests, written model answers.
+
+    A line that also appears in a public part of the source (a self-check repeated in the hidden
+    tests, say) is not a secret.
+    """
+    secret, public = set(), set()
+    for cell in nb.cells:
+        m = nbgrader_meta(cell)
+        lines = cell.source.split("\n")
+        hidden = set()
+        if m.get("solution"):
+            if cell.cell_type == "markdown" and BEGIN_SOLUTION not in cell.source:
+                hidden = set(range(len(lines)))                   # the whole cell is the model answer
+            else:
+                hidden = {i for i, _ in regions(cell.source, BEGIN_SOLUTION, END_SOLUTION)}
+        if m.get("grade"):
+            hidden |= {i for i, _ in regions(cell.source, BEGIN_HIDDEN, END_HIDDEN)}
+        for i, ln in enumerate(lines):
+            (secret if i in hidden else public).add(ln.strip())
+    return {ln for ln in secret - public if len(ln) > 3 and ln not in TRIVIAL}
+
+
+#: lines that may legitimately appear in both editions (stubs, brackets, bare keywords)
+TRIVIAL = {"pass", "else:", "try:", "finally:", "return", "continue", "break", "YOUR ANSWER HERE",
+           "raise NotImplementedError()", "# YOUR CODE HERE", ")", "]", "})", "])", "))"}

@@ -1,0 +1,186 @@
+"""make assignments: the student edition of every assignment, with nbgrader generate_assignment.
+
+    python scripts/course/release.py [name ...]      (default: every assignments/source/<name>)
+    python scripts/course/release.py --check         (fail if a release is out of date or leaks)
+
+For each assignment, nbgrader (config: assignments/nbgrader_config.py) writes
+assignments/release/<name>/<name>.ipynb: solution regions replaced by `raise NotImplementedError()`,
+written model answers by "YOUR ANSWER HERE", hidden tests removed, outputs cleared, cells locked.
+--no-db: nothing is written to a gradebook (grading uses its own temporary one, see grade.py).
+Then every line of a solution, hidden test or model answer is looked for in the release text, and
+the generated parts of book/course.md (the assignment list, with download and launch links) and
+book/running.md (time and points per assignment) are rewritten from the notebooks' headers.
+"""
+import argparse
+import json
+import re
+import tempfile
+
+import nbtools
+
+
+def generate(names, course_root, release_root):
+    """nbgrader generate_assignment for ``names``, from course_root/source into release_root.
+
+    In-process through nbgrader's API (one Python start-up for all of them), with the settings of
+    assignments/nbgrader_config.py and the effect of `nbgrader generate_assignment --no-db`.
+    """
+    from nbgrader.apps import NbGraderAPI
+    from nbgrader.coursedir import CourseDirectory
+    from traitlets.config import Config
+    from traitlets.config.loader import PyFileConfigLoader
+
+    cfg = PyFileConfigLoader("nbgrader_config.py", path=str(nbtools.COURSE)).load_config()
+    cfg.merge(Config({"CourseDirectory": {"root": str(course_root), "release_directory": str(release_root)},
+                      "GenerateAssignment": {"no_database": True},     # = --no-db: no gradebook
+                      "SaveCells": {"enabled": False}}))
+    api = NbGraderAPI(coursedir=CourseDirectory(config=cfg), config=cfg)
+    for name in names:
+        res = api.generate_assignment(name, force=True, create=False)
+        if not res["success"]:
+            raise SystemExit(f"nbgrader generate_assignment {name} failed:\n{res.get('log')}\n{res.get('error')}")
+
+
+def leaks(name, release_root=nbtools.RELEASE):
+    """Secret lines of the source that appear in the release notebook's text (should be none)."""
+    secrets = nbtools.secret_lines(nbtools.read(nbtools.source_path(name)))
+    rel = nbtools.read(nbtools.release_path(name, release_root))
+    text = "\n".join(c.source for c in rel.cells)
+    public = {ln.strip() for c in rel.cells for ln in c.source.split("\n")}
+    return sorted(s for s in secrets if s in public or (len(s) > 20 and s in text))
+
+
+def release_text(path):
+    """What a student gets, without the cell ids (random when a source cell has none)."""
+    nb = nbtools.read(path)
+    cells = [{k: v for k, v in cell.items() if k != "id"} for cell in nb.cells]
+    return json.dumps({"cells": cells, "metadata": nb.metadata}, sort_keys=True, indent=1)
+
+
+COURSE_PAGE = nbtools.ROOT / "book" / "course.md"
+BEGIN_TABLE, END_TABLE = "<!-- BEGIN ASSIGNMENTS (make assignments writes this part) -->", "<!-- END ASSIGNMENTS -->"
+
+
+def repository():
+    """(owner/name, branch) from _config.yml's repository url, for the launch links."""
+    import yaml
+    repo = yaml.safe_load((nbtools.ROOT / "_config.yml").read_text())["repository"]
+    m = re.match(r"https://github\.com/([^/]+/[^/]+?)/?$", repo["url"])
+    if not m:
+        raise SystemExit(f"_config.yml repository.url: expected https://github.com/<owner>/<name>; got {repo['url']}")
+    return m.group(1), repo.get("branch", "main")
+
+
+def header(nb):
+    """(title, summary paragraph, time) from an assignment's first cell; points from its metadata."""
+    lines = nb.cells[0].source.split("\n")
+    title = re.sub(r"^#\s*(Assignment\s*\d*\s*[—:-]\s*)?", "", lines[0]).strip()
+    paragraphs = "\n".join(lines[1:]).strip().split("\n\n")
+    summary = " ".join(paragraphs[0].split())
+    time = re.search(r"\*\*Time:\*\*\s*(.+?)\.?(?:\s*\n|$)", nb.cells[0].source)
+    return title, summary, time.group(1).strip() if time else "?"
+
+
+def course_section(names):
+    """The markdown of the Course page's assignment list (one subsection per assignment)."""
+    repo, branch = repository()
+    toc = (nbtools.ROOT / "_toc.yml").read_text()
+    out = [BEGIN_TABLE, ""]
+    for name in names:
+        nb = nbtools.read(nbtools.source_path(name))
+        title, summary, time = header(nb)
+        cells = nbtools.graded_cells(nb)
+        auto = sum(p for _, p, k in cells if k == "auto")
+        manual = sum(p for _, p, k in cells if k == "manual")
+        n_q = len(nbtools.questions(nb))
+        path = f"assignments/release/{name}/{name}.ipynb"
+        out += [f"### {title}", "",
+                summary, "",
+                (f"**Chapter:** {{doc}}`{name}`. " if f"- file: book/{name}\n" in toc else "")
+                + f"**Time:** {time}. **Points:** {auto + manual:g} ({n_q} coding questions, {auto:g} points "
+                f"graded automatically; {manual:g} for written answers graded by hand).", "",
+                f"**Student notebook:** {{download}}`{name}.ipynb <../{path}>` · "
+                f"[launch on Binder](https://mybinder.org/v2/gh/{repo}/{branch}?urlpath=lab/tree/{path}) · "
+                f"[open in Colab](https://colab.research.google.com/github/{repo}/blob/{branch}/{path})", ""]
+    out.append(END_TABLE)
+    return "\n".join(out)
+
+
+def course_order(names):
+    """Assignments in the order of their chapters in _toc.yml (an assignment is named after its chapter)."""
+    toc = (nbtools.ROOT / "_toc.yml").read_text()
+    pos = {n: toc.find(f"book/{n}\n") for n in names}
+    return sorted(names, key=lambda n: (pos[n] < 0, pos[n], n))
+
+
+GUIDE_PAGE = nbtools.ROOT / "book" / "running.md"
+BEGIN_GUIDE, END_GUIDE = ("<!-- BEGIN ASSIGNMENT TABLE (make assignments writes this part) -->",
+                          "<!-- END ASSIGNMENT TABLE -->")
+
+
+def guide_table(names):
+    """The instructor guide's table: time, questions and points of every assignment."""
+    out = [BEGIN_GUIDE, "", "| assignment | coding questions | points: autograded + written | time |",
+           "|---|---:|---:|---|"]
+    for name in names:
+        nb = nbtools.read(nbtools.source_path(name))
+        _, _, time = header(nb)
+        cells = nbtools.graded_cells(nb)
+        auto = sum(p for _, p, k in cells if k == "auto")
+        manual = sum(p for _, p, k in cells if k == "manual")
+        out.append(f"| `{name}` | {len(nbtools.questions(nb))} | {auto:g} + {manual:g} | {time} |")
+    return "\n".join(out + ["", END_GUIDE])
+
+
+def update_pages(names, check=False):
+    """Rewrite the generated parts of book/course.md and book/running.md (only released assignments
+    are listed: the Course page links their notebooks); with check, report a page that differs."""
+    released = [n for n in course_order(names) if nbtools.release_path(n).exists()]
+    problems = []
+    for page, begin, end, make in ((COURSE_PAGE, BEGIN_TABLE, END_TABLE, course_section),
+                                   (GUIDE_PAGE, BEGIN_GUIDE, END_GUIDE, guide_table)):
+        text = page.read_text()
+        a, b = text.find(begin), text.find(end)
+        if a < 0 or b < 0:
+            raise SystemExit(f"{page}: the markers {begin!r} ... {end!r} are missing")
+        new = text[:a] + make(released) + text[b + len(end):]
+        if check and new != text:
+            problems.append(f"{page} is out of date with the assignments: run `make assignments`")
+        elif not check:
+            page.write_text(new)
+    return problems
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("names", nargs="*", help="assignments (default: all in assignments/source)")
+    ap.add_argument("--check", action="store_true",
+                    help="regenerate into a temporary folder and fail if assignments/release differs")
+    args = ap.parse_args(argv)
+    names = args.names or nbtools.assignments()
+    problems = []
+    if args.check:
+        with tempfile.TemporaryDirectory() as tmp:
+            generate(names, nbtools.COURSE, tmp)
+            for name in names:
+                fresh, ours = nbtools.release_path(name, tmp), nbtools.release_path(name)
+                if not ours.exists():
+                    problems.append(f"{ours} is missing: run `make assignments`")
+                elif release_text(fresh) != release_text(ours):
+                    problems.append(f"{ours} is out of date with its source: run `make assignments`")
+    else:
+        generate(names, nbtools.COURSE, nbtools.RELEASE)
+    problems += update_pages(nbtools.assignments(), check=args.check)
+    for name in names:
+        if nbtools.release_path(name).exists():
+            problems += [f"{name}: release contains a secret line: {s!r}" for s in leaks(name)]
+    stale = sorted(set(p.name for p in nbtools.RELEASE.iterdir() if p.is_dir()) - set(nbtools.assignments()))
+    problems += [f"assignments/release/{s} has no source: delete it" for s in stale] if not args.names else []
+    for name in names:
+        print(f"{name}: {'checked' if args.check else 'released'} -> {nbtools.release_path(name).relative_to(nbtools.ROOT)}")
+    if problems:
+        raise SystemExit("\n".join(problems))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,213 @@
+"""preln.inference: roofline arithmetic, bytes per op, instrumented attention I/O, decoding costs."""
+import math
+
+import numpy as np
+import pytest
+
+from preln import BlockConfig, TransformerBlock, TransformerStack
+from preln import inference as inf
+from preln.shapes import fit_exponent, shape_flow
+
+EXACT = 1e-12          # float64 attention computed two ways (round-off of a few operations)
+CFG = BlockConfig(d_model=64, n_heads=4, d_ff=256)
+
+
+# ---- roofline ---------------------------------------------------------------------------------
+
+def test_roofline_arithmetic():
+    roof = inf.Roofline("toy", peak_flops=100e9, bandwidth=20e9)
+    assert roof.ridge == 5.0
+    assert np.allclose(roof.attainable([1.0, 5.0, 50.0]), [20e9, 100e9, 100e9])
+    assert roof.time(1e9, 1e6) == pytest.approx(1e9 / 100e9)       # compute-bound
+    assert roof.time(1e6, 1e9) == pytest.approx(1e9 / 20e9)        # memory-bound
+
+
+def test_published_ridges():
+    ridges = {name: r.ridge for name, r in inf.PUBLISHED.items()}
+    assert round(ridges["A100 SXM 40GB"]) == 201
+    assert round(ridges["A100 SXM 80GB"]) == 153
+    assert round(ridges["H100 SXM"]) == 295
+    assert round(ridges["H200 SXM"]) == 206
+    assert all(r.source for r in inf.PUBLISHED.values())
+
+
+def test_measurements_return_rates():
+    assert inf.measure_gemm(n=64, repeats=1) > 0
+    bw = inf.measure_bandwidth(nbytes=2**20, repeats=1)
+    assert set(bw) == {"copy", "add", "triad"} and all(v > 0 for v in bw.values())
+
+
+# ---- bytes per op ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("schedule", inf.SCHEDULES)
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "relu"])
+def test_op_traffic_flops_are_shape_flows(schedule, activation):
+    cfg = BlockConfig(d_model=64, n_heads=4, d_ff=256, activation=activation)
+    ops = inf.op_traffic(cfg, 2, 32, schedule)
+    flow = shape_flow(cfg, 2, 32, training=False, attention="plain")
+    assert sum(o.flops for o in ops) == flow.totals["flops"]
+    assert sum(o.flops for o in ops if o.matmul) >= flow.totals["matmul_flops"]
+
+
+def test_op_traffic_counts():
+    B, S, D, H, F = 2, 32, 64, 4, 256
+    bsd, bsf, bhss = B * S * D, B * S * F, B * H * S * S
+    un = {o.name: o for o in inf.op_traffic(CFG, B, S, "unfused")}
+    fu = {o.name: o for o in inf.op_traffic(CFG, B, S, "fused")}
+    assert un["norm1"].nbytes == 12 * bsd * 4                     # 7 reads + 5 writes of x's size
+    assert un["attn.softmax"].nbytes == 8 * bhss * 4              # max, subtract, exp, sum, divide
+    assert un["mlp.gelu"].nbytes == 5 * bsf * 4
+    assert un["mlp.linear1"].nbytes == (bsd + D * F + 3 * bsf) * 4   # matmul + bias pass
+    assert fu["attn.softmax"].nbytes == 2 * bhss * 4
+    assert fu["bias + residual1 + norm2"].nbytes == 4 * bsd * 4
+    assert fu["bias + residual2"].nbytes == 3 * bsd * 4
+    assert fu["mlp.linear2"].nbytes == (bsf + D * F + bsd) * 4
+    assert fu["bias + gelu"].nbytes == 2 * bsf * 4
+    assert fu["mlp.linear1"].nbytes == (bsd + D * F + bsf) * 4
+    for name in ("attn.in_proj", "attn.weighted_sum", "attn.merge_heads"):
+        assert un[name] == fu[name]
+    assert sum(o.nbytes for o in fu.values()) < sum(o.nbytes for o in un.values())
+    assert all(o.intensity < 1 for o in un.values() if not o.matmul and o.flops)
+    two = {o.name: o for o in inf.op_traffic(CFG, B, S, "unfused", itemsize=2)}
+    assert all(two[n].nbytes * 2 == un[n].nbytes for n in un)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(config="cfg"), "config"), (dict(B=0), "B"), (dict(S=1.5), "S"),
+    (dict(schedule="fast"), "schedule"), (dict(itemsize=0), "itemsize"),
+    (dict(config=BlockConfig(d_model=64, n_heads=4, d_ff=256, norm_first=False)), "Pre-LN"),
+])
+def test_op_traffic_bad_input(kwargs, match):
+    args = dict(config=CFG, B=2, S=8, schedule="unfused", itemsize=4) | kwargs
+    with pytest.raises((ValueError, TypeError), match=match):
+        inf.op_traffic(**args)
+
+
+@pytest.mark.parametrize("schedule", inf.SCHEDULES)
+def test_time_ops_times_every_op(schedule):
+    if schedule == "fused":
+        pytest.importorskip("numba")
+    times = inf.time_ops(CFG, 1, 16, schedule, repeats=1, flush_bytes=2**20)
+    assert list(times) == [o.name for o in inf.op_traffic(CFG, 1, 16, schedule)]
+    assert all(t >= 0 and math.isfinite(t) for t in times.values())
+    with pytest.raises(ValueError, match="schedule"):
+        inf.time_ops(CFG, 1, 16, "fast")
+
+
+def test_time_fusion_kernels_agree_with_numpy():
+    pytest.importorskip("numba")
+    rows = inf.time_fusion(nbytes=2**16, width=64, repeats=1, flush_bytes=2**16)
+    assert [r.name for r in rows] == ["LayerNorm", "bias + residual + LayerNorm", "bias + GELU",
+                                      "softmax", "bias + residual"]
+    for r in rows:
+        assert r.max_abs_diff < 1e-5 and r.fused_bytes < r.unfused_bytes and r.fused_s > 0
+
+
+# ---- attention I/O ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("N, d, M", [(64, 8, 64), (100, 16, 200), (37, 5, 77), (256, 32, 4096),
+                                     (50, 4, 10_000)])
+def test_instrumented_attention_is_attention_and_counts_match(N, d, M):
+    rng = np.random.default_rng(N + d)
+    q, k, v = (rng.standard_normal((N, d)) for _ in range(3))
+    ref = inf.reference_attention(q, k, v)
+    o_std, io_std = inf.standard_attention_io(q, k, v)
+    o_til, io_til = inf.tiled_attention_io(q, k, v, M)
+    assert np.abs(o_std - ref).max() < EXACT
+    assert np.abs(o_til - ref).max() < EXACT
+    assert io_std.accesses == inf.attention_accesses(N, d, kind="standard") == 4 * N * d + 4 * N * N
+    assert io_til.accesses == inf.attention_accesses(N, d, M)
+    b_c, b_r = inf.flash_block_sizes(M, d)
+    assert b_c == math.ceil(M / (4 * d)) and b_r == min(b_c, d)
+    assert io_til.peak_fast <= 1.5 * M + 4 * d            # B_c, B_r keep the working set near M
+
+
+def test_flash_block_sizes():
+    assert inf.flash_block_sizes(4096, 64) == (16, 16)
+    assert inf.flash_block_sizes(98304, 64) == (384, 64)
+    with pytest.raises(ValueError, match="M"):
+        inf.flash_block_sizes(32, 64)
+
+
+def test_theorem_2_exponents_from_counts():
+    """Tiled: Theta(N^2 d^2 / M); standard: Theta(N d + N^2) -- exponents of the counts."""
+    Ns, d, M = [1024, 2048, 4096, 8192], 64, 16384
+    k_N = fit_exponent(Ns, [inf.attention_accesses(n, d, M) for n in Ns]).exponent
+    Ms = [4096, 8192, 16384, 32768]
+    k_M = fit_exponent(Ms, [inf.attention_accesses(4096, d, m) for m in Ms]).exponent
+    ds = [16, 32, 64, 128]
+    k_d = fit_exponent(ds, [inf.attention_accesses(4096, dd, 65536) for dd in ds]).exponent
+    assert 1.9 < k_N < 2.05 and -1.05 < k_M < -0.9 and 1.6 < k_d < 2.05
+    k_std = fit_exponent(Ns, [inf.attention_accesses(n, d, kind="standard") for n in Ns]).exponent
+    assert 1.9 < k_std <= 2.0
+
+
+def test_attention_io_bad_input():
+    q = np.zeros((8, 4))
+    with pytest.raises(ValueError, match="q"):
+        inf.tiled_attention_io(np.zeros(8), q, q, 64)
+    with pytest.raises(ValueError, match="equal shapes"):
+        inf.standard_attention_io(q, np.zeros((9, 4)), q)
+    with pytest.raises(ValueError, match="kind"):
+        inf.attention_accesses(8, 4, 64, kind="flash")
+    with pytest.raises(ValueError, match="M"):
+        inf.attention_accesses(8, 4)
+
+
+# ---- decoding -----------------------------------------------------------------------------------
+
+def test_kv_cache_bytes_formula_and_published_example():
+    # OPT-13B (Kwon et al. 2023, section 3): 2 (K, V) x 5120 x 40 layers x 2 bytes = 800 KiB per token
+    assert inf.kv_cache_bytes(40, 1, 1, 5120, 2) == 819_200 == 800 * 1024
+    cfg = BlockConfig(d_model=32, n_heads=2, d_ff=64, causal=True)
+    stack = TransformerStack(cfg, 3, dtype=np.float32, seed=0)
+    kv = stack.kv_cache(2, 10)
+    assert sum(c.nbytes for c in kv.layers) == inf.kv_cache_bytes(3, 2, 10, 32, 4)
+    with pytest.raises(ValueError, match="seq"):
+        inf.kv_cache_bytes(1, 1, 0, 32, 4)
+
+
+def test_block_params_counts_the_state_dict():
+    block = TransformerBlock(CFG, dtype=np.float64)
+    assert inf.block_params(CFG) == sum(v.size for v in block.state_dict().values())
+
+
+@pytest.mark.parametrize("batch", [1, 4, 16, 64])
+def test_decode_intensity_is_about_the_batch_in_16_bit(batch):
+    opt = BlockConfig(d_model=5120, n_heads=40, d_ff=20480, causal=True)
+    cost = inf.decode_cost(opt, 40, batch, context=1, itemsize=2)
+    assert 0.95 * batch < cost.intensity < batch
+    long = inf.decode_cost(opt, 40, batch, context=32768, itemsize=2)
+    # attention over the cache does 4 c D FLOPs per 4 c D bytes (16-bit K and V): intensity 1,
+    # whatever the batch, so a long context pulls a batched step down towards 1
+    assert 0.99 < long.intensity < 2 if batch > 1 else long.intensity == pytest.approx(1, rel=1e-3)
+
+
+def test_time_decode_best_per_step():
+    calls = []
+    best = inf.time_decode(lambda t: calls.append(t), 3, repeats=2)
+    assert calls == [0, 1, 2, 0, 1, 2] and best.shape == (3,) and np.all(best >= 0)
+
+
+# ---- figures ------------------------------------------------------------------------------------
+
+def test_figures_draw():
+    from preln.figures import inference as figs
+    roof = inf.Roofline("toy", 50e9, 10e9)
+    un = inf.op_traffic(CFG, 2, 32, "unfused")
+    fu = inf.op_traffic(CFG, 2, 32, "fused")
+    times = {o.name: 1e-3 for o in un}
+    for fig in (figs.plot_roofline(roof, un, fu, times), figs.plot_published(inf.PUBLISHED, un, roof),
+                figs.plot_predicted_vs_measured(un, times, roof),
+                figs.plot_fusion_bytes([("softmax", 800, 200), ("LayerNorm", 1200, 200)])):
+        assert fig.axes
+    from preln.figures import all_explorables
+    assert all_explorables()["inference.decode_roofline"] == figs.EXPLORABLES["decode_roofline"]
+    plot, controls = figs.EXPLORABLES["decode_roofline"]
+    n_frames = math.prod(len(v) for v in controls.values())
+    assert n_frames <= 64
+    assert plot(batch=1, context=512, gpu="A100 SXM 80GB").axes
+    alt = figs.decode_roofline_alt(batch=1, context=512, gpu="H100 SXM")
+    assert "memory-bound" in alt and "H100" in alt
+    # batch 256 at context 512: the KV cache reads (intensity 1) keep even this step memory-bound
+    assert "memory-bound" in figs.decode_roofline_alt(batch=256, context=512, gpu="A100 SXM 80GB")
