@@ -5,11 +5,12 @@
 Every op has a forward and a hand-written backward (``preln.ops``); :class:`TransformerBlock`
 assembles them and matches ``torch.nn.TransformerEncoderLayer`` given the same weights.
 """
-from .block import PreLNTransformerBlock, TransformerBlock, default_heads, param_shapes
+from .block import KVCache, PreLNTransformerBlock, TransformerBlock, default_heads, param_shapes
 from .config import BlockConfig
 from .precision import NAIVE, SAFE, Overflow, Policy, SUPPORTED_DTYPES, Watch
-from .stack import TransformerStack
+from .stack import StackKVCache, TransformerStack
 
 __version__ = "0.1.0"
 __all__ = ["BlockConfig", "TransformerBlock", "PreLNTransformerBlock", "Policy", "SAFE", "NAIVE",
-           "Overflow", "Watch", "TransformerStack", "SUPPORTED_DTYPES", "default_heads", "param_shapes"]
+           "Overflow", "Watch", "TransformerStack", "KVCache", "StackKVCache", "SUPPORTED_DTYPES",
+           "default_heads", "param_shapes"]

@@ -1,5 +1,5 @@
 """Bad input fails early, with a message that names the argument, what was expected and what
-was received (DESIGN.md, "Bad input")."""
+was received, never a numpy traceback from deep inside."""
 import re
 
 import numpy as np

@@ -8,20 +8,10 @@ from preln.figures import all_explorables
 from preln.figures import derivation as figs
 from preln.gradcheck import numerical_gradient, rel_error
 from preln.ops import attention_forward, layer_norm_forward
+from tests.figure_checks import assert_labelled
 
 FD_TOL = 1e-7        # hand-written backward vs central differences (float64)
 EXACT_TOL = 1e-12    # the same computation done two ways in float64
-
-
-def assert_labelled(fig):
-    """Every data axes (not a colour bar) has an x label, a y label and at least one artist."""
-    assert isinstance(fig, Figure)
-    axes = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
-    assert axes, "the figure has no axes"
-    for ax in axes:
-        assert ax.get_xlabel().strip(), f"axes {ax.get_title()!r} has no x label"
-        assert ax.get_ylabel().strip(), f"axes {ax.get_title()!r} has no y label"
-        assert ax.has_data() or ax.images or ax.texts, f"axes {ax.get_title()!r} is empty"
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +31,6 @@ def test_static_plots_are_labelled_figures():
     assert_labelled(figs.plot_step_sweep(steps, np.array([1e-4, 1e-8, 1e-9])))
     assert_labelled(figs.plot_qk_variance([4, 16]))
     assert_labelled(figs.plot_gelu())
-    rng = np.random.default_rng(0)
-    assert_labelled(figs.plot_row_stats(rng.standard_normal((2, 3, 8)), rng.standard_normal((2, 3, 8))))
-    assert_labelled(figs.plot_jacobians(np.eye(16), -np.eye(16), 8))
     assert_labelled(figs.plot_layernorm_graph())
     assert_labelled(figs.plot_eps_placement(8))
 
@@ -152,25 +139,6 @@ def test_masked_attention(mask):
     assert np.allclose(p[visible].sum(-1), 1)
     assert np.all(p[~visible] == 0)
     assert (~visible).sum() == (2 if mask.startswith("causal + left") else 0)
-
-
-def test_jacobian_via_backward_matches_finite_differences(small):
-    cfg, block, x, _, w = small
-    x0 = x[:1]
-    J = figs.jacobian_via_backward(block, x0)
-    assert J.shape == (x0.size, x0.size)
-    v = w[:1].ravel()
-    fd = numerical_gradient(lambda z: float(block(z).ravel() @ v), x0).ravel()
-    assert rel_error(v @ J, fd) < FD_TOL
-    assert all(not g.any() for g in block.grads.values())  # grads zeroed afterwards
-    with pytest.raises(ValueError, match="batch size 1"):
-        figs.jacobian_via_backward(block, x)
-
-
-def test_row_stats():
-    y = np.array([[[1.0, 3.0], [0.0, 0.0]]])
-    mean, std = figs.row_stats(y)
-    assert np.array_equal(mean, [2.0, 0.0]) and np.array_equal(std, [1.0, 0.0])
 
 
 def test_table_text_and_html():

@@ -8,20 +8,10 @@ from preln import BlockConfig, TransformerBlock
 from preln.figures import all_explorables
 from preln.figures import derivation_block as figs
 from preln.gradcheck import numerical_gradient, scaled_max_error
+from tests.figure_checks import assert_labelled
 
 FD_TOL = 1e-7        # hand-written backward vs central differences (float64)
 EXACT_TOL = 1e-12    # the same computation done two ways in float64
-
-
-def assert_labelled(fig):
-    """Every data axes (not a colour bar) has an x label, a y label and at least one artist."""
-    assert isinstance(fig, Figure)
-    axes = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
-    assert axes, "the figure has no axes"
-    for ax in axes:
-        assert ax.get_xlabel().strip(), f"axes {ax.get_title()!r} has no x label"
-        assert ax.get_ylabel().strip(), f"axes {ax.get_title()!r} has no y label"
-        assert ax.has_data() or ax.images or ax.texts, f"axes {ax.get_title()!r} is empty"
 
 
 # ---- Jacobians -----------------------------------------------------------------------------------

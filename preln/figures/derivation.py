@@ -2,13 +2,13 @@
 
 ``book/derivation_ops.ipynb`` (Derivation I: the ops) derives every op's backward and checks it;
 its figures, explorables and data helpers are here. The helpers for the whole block (the forward
-split into named intermediates, Jacobians through ``block.backward``, :class:`Table`) are shared
+split into named intermediates, the losses that check its gradients, :class:`Table`) are shared
 with ``book/derivation_block.ipynb`` (Derivation II), which imports them from this module. The
 explorables keep the prefix ``derivation.`` that ``preln.figures.CHAPTERS`` gives this module.
 
 - data helpers: the block's forward split into named intermediates (:func:`forward_steps`), the
   scalar losses whose finite differences check each gradient (:func:`intermediate_loss`,
-  :func:`param_loss`), Jacobians through ``block.backward``, logit statistics for the
+  :func:`param_loss`), logit statistics for the
   1/sqrt(d_h) argument, the GELU difference on a fine grid, masked attention probabilities, the
   online-softmax recurrence of tiled attention with its state after every tile
   (:func:`online_softmax_trace`, after Dao et al. 2022, arXiv 2205.14135), and the output scale
@@ -44,7 +44,6 @@ __all__ = [
 ]
 
 BLUE, VERMILLION, GREEN, ORANGE, SKY, PURPLE, BLACK, YELLOW = PALETTE
-DIVERGING = "PuOr_r"   # ColorBrewer diverging map, readable with the common colour-vision deficiencies
 
 
 # ---- the Pre-LN forward, split into named intermediates ----------------------------------------
@@ -381,69 +380,6 @@ def plot_gelu(lo=-5.0, hi=5.0) -> Figure:
     ax2.set_ylabel("tanh form − exact (dimensionless)")
     ax2.set_title(f"Difference, max |·| = {d['max_abs']:.2e} at x = ±{d['x_at_max']:.2f}", fontsize=10)
     ax2.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
-    return fig
-
-
-# ---- residuals, Pre-LN vs Post-LN -------------------------------------------------------------
-
-def row_stats(y):
-    """Per-row (per-token) mean and biased standard deviation over the last axis, flattened."""
-    y = np.asarray(y, dtype=np.float64)
-    return y.mean(-1).ravel(), y.std(-1).ravel()
-
-
-def plot_row_stats(y_pre, y_post) -> Figure:
-    """Per-token mean and std of the Pre-LN and Post-LN block outputs."""
-    fig = Figure(figsize=(8.5, 3.2))
-    ax1, ax2 = fig.subplots(1, 2)
-    for ax, k, title, ref in ((ax1, 0, "Per-token mean of the output", 0.0),
-                              (ax2, 1, "Per-token std of the output", 1.0)):
-        for y, name, color, marker in ((y_pre, "Pre-LN", BLUE, "o"), (y_post, "Post-LN", VERMILLION, "s")):
-            s = row_stats(y)[k]
-            ax.plot(np.arange(s.size), s, marker, color=color, label=name)
-        ax.axhline(ref, color=BLACK, lw=1, ls="--")
-        ax.set_xlabel("token (batch-major index b·S + s)")
-        ax.set_ylabel("mean (dimensionless)" if k == 0 else "std (dimensionless)")
-        ax.set_title(title)
-        ax.legend(fontsize=9)
-    return fig
-
-
-def jacobian_via_backward(block, x):
-    """J[i, j] = d y_i / d x_j of ``block`` at x (B = 1), flattened over (S, D), via backward.
-
-    One forward, then one ``block.backward`` per output entry (row i is the gradient of y_i).
-    The block's parameter gradients are zeroed afterwards.
-    """
-    if x.shape[0] != 1:
-        raise ValueError(f"x: expected batch size 1, (1, S, D); got shape {x.shape}")
-    y = block(x)
-    n = y.size
-    J = np.empty((n, x.size))
-    for i in range(n):
-        e = np.zeros(n)
-        e[i] = 1.0
-        J[i] = block.backward(e.reshape(y.shape)).ravel()
-    block.zero_grad()
-    return J
-
-
-def plot_jacobians(J_pre, J_post, d_model) -> Figure:
-    """Heatmaps of dy/dx for the Pre-LN and Post-LN blocks on one sequence, on one colour scale."""
-    lim = float(max(np.abs(J_pre).max(), np.abs(J_post).max()))
-    fig = Figure(figsize=(8.5, 4.0))
-    axes = fig.subplots(1, 2)
-    for ax, J, name in zip(axes, (J_pre, J_post), ("Pre-LN", "Post-LN")):
-        im = ax.imshow(J, cmap=DIVERGING, vmin=-lim, vmax=lim)
-        n = J.shape[0]
-        ticks = np.arange(0, n, d_model)
-        ax.set_xticks(ticks - 0.5, [f"t{t // d_model}" for t in ticks], fontsize=8, ha="left")
-        ax.set_yticks(ticks - 0.5, [f"t{t // d_model}" for t in ticks], fontsize=8, va="top")
-        ax.grid(True, color="0.5", alpha=0.5, lw=0.5)
-        ax.set_xlabel("input entry x (token t, then feature)")
-        ax.set_ylabel("output entry y (token t, then feature)")
-        ax.set_title(f"{name}: ∂y/∂x")
-    fig.colorbar(im, ax=list(axes), label="derivative (dimensionless)", shrink=0.85)
     return fig
 
 
