@@ -461,8 +461,9 @@ def fit_exponent(x, y):
     return PowerLaw(float(k), float(np.exp(log_c)))
 
 
-def _block_and_input(config, B, S, dtype, training, attention, seed):
-    block = TransformerBlock(config, dtype=dtype, seed=seed, attention=attention).train(training)
+def _block_and_input(config, B, S, dtype, training, attention, seed, fused=True):
+    block = TransformerBlock(config, dtype=dtype, seed=seed, attention=attention,
+                             fused=fused).train(training)
     x = np.random.default_rng(seed).standard_normal((B, S, config.d_model)).astype(block.dtype)
     return block, x
 
@@ -501,13 +502,13 @@ def time_forward(cases, dtype=np.float32, training=True, attention="auto", repea
 
 
 def time_backward(cases, dtype=np.float32, repeats=5, warmup=1, threads=1, clock=time.process_time,
-                  seed=0):
+                  seed=0, fused=True):
     """Time ``block(x)`` and ``block.backward(dy)`` of each training-mode case ``(config, B, S)``;
     returns ``(forward, backward)``, two :class:`Timing`. Interleaved, CPU clock, best of
     ``repeats``, as :func:`time_forward`; each backward follows its own forward (untimed part of
-    the pair is the other pass).
+    the pair is the other pass). ``fused=False`` runs the blocks op by op (no fused kernels).
     """
-    pairs = [_block_and_input(cfg, B, S, dtype, True, "auto", seed) for cfg, B, S in cases]
+    pairs = [_block_and_input(cfg, B, S, dtype, True, "auto", seed, fused) for cfg, B, S in cases]
     dys = [np.random.default_rng(seed + 1).standard_normal(x.shape).astype(x.dtype) for _, x in pairs]
     fwd = np.zeros((repeats, len(pairs)))
     bwd = np.zeros((repeats, len(pairs)))

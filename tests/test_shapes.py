@@ -412,6 +412,7 @@ def test_training_flops_are_about_six_n_per_token():
 
 def test_time_backward_returns_two_timings():
     cfg = BlockConfig(d_model=16, n_heads=2, d_ff=32)
-    fwd, bwd = shapes.time_backward([(cfg, 1, 8), (cfg, 2, 8)], repeats=2, warmup=1)
-    for t in (fwd, bwd):
-        assert t.best.shape == (2,) and t.samples.shape == (2, 2) and np.all(t.best > 0)
+    for fused in (True, False):
+        fwd, bwd = shapes.time_backward([(cfg, 1, 8), (cfg, 2, 8)], repeats=2, warmup=1, fused=fused)
+        for t in (fwd, bwd):
+            assert t.best.shape == (2,) and t.samples.shape == (2, 2) and np.all(t.best > 0)
