@@ -74,6 +74,12 @@ def graded_cells(nb):
     return out
 
 
+def points(nb):
+    """(autograded, manually graded) points of an assignment notebook."""
+    cells = graded_cells(nb)
+    return (sum(p for _, p, k in cells if k == "auto"), sum(p for _, p, k in cells if k == "manual"))
+
+
 def column_name(nb, gid):
     """CSV column of a graded cell: the answer's grade_id for "qk_tests" (e.g. q1_layer_norm_forward)."""
     if gid.endswith("_tests"):

@@ -89,9 +89,7 @@ def course_section(names):
     for name in names:
         nb = nbtools.read(nbtools.source_path(name))
         title, summary, time = header(nb)
-        cells = nbtools.graded_cells(nb)
-        auto = sum(p for _, p, k in cells if k == "auto")
-        manual = sum(p for _, p, k in cells if k == "manual")
+        auto, manual = nbtools.points(nb)
         n_q = len(nbtools.questions(nb))
         path = f"assignments/release/{name}/{name}.ipynb"
         out += [f"### {title}", "",
@@ -125,9 +123,7 @@ def guide_table(names):
     for name in names:
         nb = nbtools.read(nbtools.source_path(name))
         _, _, time = header(nb)
-        cells = nbtools.graded_cells(nb)
-        auto = sum(p for _, p, k in cells if k == "auto")
-        manual = sum(p for _, p, k in cells if k == "manual")
+        auto, manual = nbtools.points(nb)
         out.append(f"| `{name}` | {len(nbtools.questions(nb))} | {auto:g} + {manual:g} | {time} |")
     return "\n".join(out + ["", END_GUIDE])
 
