@@ -328,31 +328,6 @@ def _run_table(config, t, schedule):
     }
 
 
-class _one_thread_everywhere:
-    """BLAS and numba's pool on ``threads`` threads (numpy's ufuncs are single-threaded anyway)."""
-
-    def __init__(self, threads):
-        self.threads = threads
-
-    def __enter__(self):
-        self._blas = blas_threads(self.threads)
-        self._blas.__enter__()
-        self._numba = None
-        try:
-            import numba
-        except ImportError:
-            return self
-        self._numba = numba.get_num_threads()
-        numba.set_num_threads(min(self.threads, numba.config.NUMBA_NUM_THREADS))
-        return self
-
-    def __exit__(self, *exc):
-        if self._numba is not None:
-            import numba
-            numba.set_num_threads(self._numba)
-        return self._blas.__exit__(*exc)
-
-
 def _cold_best(run, repeats, clock, flush_bytes):
     # Before each timed call an untimed copy of 2 x flush_bytes evicts the last-level cache, so
     # every op starts with its inputs in main memory, as op_traffic assumes.
@@ -385,7 +360,7 @@ def time_ops(config, B, S, schedule="unfused", repeats=5, threads=1, seed=0,
         raise ValueError(f"schedule: expected one of {SCHEDULES}; got {schedule!r}")
     B, S = _check_size("B", B), _check_size("S", S)
     run = _run_table(config, _timing_inputs(config, B, S, seed), schedule)
-    with _one_thread_everywhere(threads):
+    with blas_threads(threads):   # the fused kernels are single-threaded numba loops
         return _cold_best(run, repeats, clock, flush_bytes)
 
 
@@ -453,7 +428,7 @@ def time_fusion(nbytes=64 * 2**20, width=1024, repeats=3, threads=1, seed=0,
     for name, _, _, _, un, fu in cases:
         run[(name, "unfused")] = un
         run[(name, "fused")] = fu
-    with _one_thread_everywhere(threads):
+    with blas_threads(threads):   # the fused kernels are single-threaded numba loops
         best = _cold_best(run, repeats, clock, flush_bytes)
         out = []
         for name, shape, k_un, k_fu, un, fu in cases:
