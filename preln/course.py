@@ -95,10 +95,14 @@ def call(fn, *args, **kwargs):
     return _call(fn, args, kwargs, errstate=None)
 
 
+#: call_strict's numpy error state: overflow, invalid results and division by zero raise
+STRICT_FP = {"over": "raise", "invalid": "raise", "divide": "raise"}
+
+
 def call_strict(fn, *args, **kwargs):
-    """Like :func:`call`, with numpy's floating-point errors raised (overflow, invalid, divide):
-    an answer that overflows internally raises FloatingPointError."""
-    return _call(fn, args, kwargs, errstate="raise")
+    """Like :func:`call`, with numpy's floating-point errors raised (overflow, invalid, divide by
+    zero; underflow stays silent): an answer that overflows internally raises FloatingPointError."""
+    return _call(fn, args, kwargs, errstate=dict(STRICT_FP))
 
 
 def _call(fn, args, kwargs, errstate):
@@ -111,7 +115,7 @@ def _call(fn, args, kwargs, errstate):
         warnings.simplefilter("ignore")
         try:
             if errstate:
-                with np.errstate(all=errstate):
+                with np.errstate(**errstate):
                     value = fn(*args, **kwargs)
             else:
                 value = fn(*args, **kwargs)

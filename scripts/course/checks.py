@@ -327,7 +327,11 @@ def run_in_process(plan, namespace, keys=None, call_timeout=10.0):
     for key in keys or list(plan.questions):
         qp = plan.questions[key]
         status[key] = "done"
+        skip = None
         for i, call in enumerate(qp.calls):
+            if skip:
+                results[call["id"]] = {"kind": "skipped", "message": skip}
+                continue
             fn = namespace.get(call["fn"])
             if not callable(fn):
                 results[call["id"]] = {"kind": "missing", "message": call["fn"]}
@@ -339,10 +343,11 @@ def run_in_process(plan, namespace, keys=None, call_timeout=10.0):
             try:
                 with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
                     warnings.simplefilter("ignore")
-                    with np.errstate(all=call["errstate"]) if call["errstate"] else contextlib.nullcontext():
+                    with np.errstate(**call["errstate"]) if call["errstate"] else contextlib.nullcontext():
                         value = fn(*args, **kwargs)
             except _Timeout:
                 doc = {"kind": "timeout", "message": f"{call_timeout:g} s"}
+                skip = "an earlier call of this question timed out"
             except Exception as e:                           # noqa: BLE001: the answer's exception
                 doc = {"kind": "raised", "exc_type": type(e).__name__, "message": str(e)[:200]}
             finally:
@@ -376,10 +381,3 @@ def exec_cells(nb, sources, upto=None):
             exec(compile(sources.get(i, cell.source), f"<cell {i}>", "exec"), ns)   # noqa: S102
     return ns
 
-
-def dump(obj):
-    return json.dumps(obj)
-
-
-def now():
-    return time.perf_counter()

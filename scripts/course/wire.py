@@ -76,7 +76,7 @@ class _Encoder:
         elif a.dtype.kind not in NUMERIC_KINDS or a.dtype.names is not None:
             raise WireError(f"an array of dtype {a.dtype} is not numeric data")
         buf = io.BytesIO()
-        np.save(buf, np.ascontiguousarray(a), allow_pickle=False)
+        np.save(buf, a, allow_pickle=False)    # keeps shape () (ascontiguousarray would not)
         node = {"blob": self.blob(buf.getvalue())}
         if ml:
             node["ml"] = ml

@@ -87,7 +87,7 @@ def run(question, namespace, call_timeout=None, budget=None):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 if c.get("errstate"):
-                    with np.errstate(all=c["errstate"]):
+                    with np.errstate(**c["errstate"]):
                         value = fn(*args, **kwargs)
                 else:
                     value = fn(*args, **kwargs)
