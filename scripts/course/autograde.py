@@ -266,11 +266,12 @@ class SandboxedExecute(NbGraderPreprocessor):
     wall_s = Integer(900, help="Longest one sandbox run may take (s)").tag(config=True)
     slot = Integer(0, help="Worker slot (the sandbox's uid is uid_base + slot when run as root)").tag(config=True)
     workspace = Unicode("", help="Scratch directory (views, jobs); default: a temporary one").tag(config=True)
+    bwrap = Unicode("bwrap", help="The bubblewrap executable").tag(config=True)
 
     def settings(self):
         return sandbox.Settings(cell_timeout=self.timeout, call_timeout=self.call_timeout, mem_mb=self.mem_mb,
                                 cpu_s=self.cpu_s, total_mem_mb=self.total_mem_mb, nproc=self.nproc,
-                                wall_s=self.wall_s, sandbox=self.sandbox)
+                                wall_s=self.wall_s, sandbox=self.sandbox, bwrap=self.bwrap)
 
     def source_path(self, resources):
         from nbgrader.coursedir import CourseDirectory

@@ -142,7 +142,8 @@ def make_api(course_root, args, slot, workspace):
         "CourseDirectory": {"root": str(course_root), "db_url": f"sqlite:///{course_root}/gradebook.db"},
         "SandboxedExecute": {"timeout": args.timeout, "call_timeout": args.call_timeout, "mem_mb": args.mem_mb,
                              "cpu_s": args.cpu_s, "total_mem_mb": args.total_mem_mb,
-                             "sandbox": not args.no_sandbox, "slot": slot, "workspace": str(workspace)},
+                             "sandbox": not args.no_sandbox, "slot": slot, "workspace": str(workspace),
+                             "bwrap": args.bwrap},
     }))
     return NbGraderAPI(coursedir=CourseDirectory(config=cfg), config=cfg)
 
@@ -304,12 +305,16 @@ def grade(args):
     import checks
     import sandbox
 
-    settings = sandbox.Settings()
+    settings = sandbox.Settings(bwrap=args.bwrap)
     if not args.no_sandbox:
         problem = sandbox.probe(settings)
         if problem:
             print(f"make grade: refusing to grade without a sandbox: {problem}", file=sys.stderr)
             return 2
+    elif (submissions / ".hostile").exists():
+        print(f"make grade: refusing --no-sandbox: {submissions} is marked as attacking the grader "
+              "(its .hostile file); grade it sandboxed", file=sys.stderr)
+        return 2
     else:
         print(f"make grade: --no-sandbox: student code runs with your rights, unprotected; every row says "
               f"'{NO_SANDBOX}'", file=sys.stderr)
@@ -457,7 +462,8 @@ def main(argv=None):
     ap.add_argument("--no-sandbox", action="store_true", help="grade without bubblewrap (unprotected; rows say so)")
     ap.add_argument("--no-feedback", action="store_true", help="skip the HTML feedback")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder")
-    ap.add_argument("--verbose", action="store_true", help="print the grader's tracebacks")
+    ap.add_argument("--verbose", action="store_true", help="print timings and the grader's tracebacks")
+    ap.add_argument("--bwrap", default="bwrap", help="the bubblewrap executable (default: bwrap on PATH)")
     return grade(ap.parse_args(argv))
 
 

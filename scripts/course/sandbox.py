@@ -172,7 +172,8 @@ def runner_spec(settings, cells, questions, slot, privileged):
         limits.pop("RLIMIT_NPROC")          # without a namespace it would count all of our processes
     uid = settings.uid_base + slot if (privileged and settings.sandbox) else None
     return {"cells": cells, "questions": questions, "cell_timeout": settings.cell_timeout,
-            "max_sessions": settings.max_sessions, "rlimits": limits, "uid": uid, "gid": uid}
+            "max_sessions": settings.max_sessions, "rlimits": limits, "uid": uid, "gid": uid,
+            "sandboxed": bool(settings.sandbox)}
 
 
 class _Reader(threading.Thread):
@@ -205,11 +206,17 @@ def _tree(pid):
 
 
 def _rss(procs):
+    """Memory the processes hold together: the sum of their proportional set sizes (shared pages
+    counted once, in parts — forked children are not charged for the pages they share), or of
+    their resident sizes where PSS cannot be read."""
     import psutil
     total = 0
     for p in procs:
         try:
-            total += p.memory_info().rss
+            try:
+                total += p.memory_full_info().pss
+            except (AttributeError, psutil.AccessDenied):
+                total += p.memory_info().rss
         except psutil.Error:
             pass
     return total
