@@ -402,8 +402,8 @@ class close(_Compare):
             diff = np.abs(g[ok] - w[ok])
             bound = self.atol + self.rtol * np.abs(w[ok])
             bad = diff > bound
+            rel = float(np.max(diff[bad] / np.maximum(np.abs(w[ok][bad]), np.finfo(float).tiny))) if np.any(bad) else 0.0
         if np.any(bad):
-            rel = float(np.max(diff[bad] / np.maximum(np.abs(w[ok][bad]), np.finfo(float).tiny)))
             return (f"{name}: {int(np.sum(bad))} of {diff.size} values differ from the reference by more "
                     f"than the tolerance (rtol={self.rtol:g}, atol={self.atol:g}; largest relative "
                     f"difference {rel:.2g})")

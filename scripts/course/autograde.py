@@ -52,6 +52,7 @@ class _Workspace:
     def __init__(self, root=None):
         self.root = Path(root) if root else Path(tempfile.mkdtemp(prefix="preln-grader-"))
         self.owned = root is None
+        self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o755)
         self.lib = self.root / "lib"
         if not self.lib.exists():
@@ -214,7 +215,8 @@ def verdict_outputs(verdict):
     lines = verdict.lines()
     if verdict.passed:
         return [nbformat.v4.new_output("stream", name="stdout", text="\n".join(lines) + "\n")]
-    return [nbformat.v4.new_output("error", ename="HiddenCheckFailed", evalue=lines[0], traceback=lines)]
+    return [nbformat.v4.new_output("error", ename="HiddenCheckFailed", evalue=lines[0],
+                                   traceback=[f"HiddenCheckFailed: {lines[0]}"] + lines[1:])]
 
 
 def apply(nb, plan, verdicts, outputs, sandboxed=True):

@@ -219,9 +219,10 @@ HOSTILE = {
     "rita": "import os\nos._exit(3)\n",
     "sam": ("import os\nwhile True:            # a fork bomb\n    try:\n        os.fork()\n"
             "    except OSError:\n        pass\n"),
-    "tina": ("import subprocess, sys\nhog = ('import numpy as np, time\\nh = []\\nwhile True:\\n'\n"
-             "       '    try:\\n        h.append(np.ones(2 ** 20))\\n    except MemoryError:\\n        time.sleep(60)')\n"
-             "children = [subprocess.Popen([sys.executable, '-c', hog]) for _ in range(8)]   # each fills its memory cap\n"
+    "tina": ("import subprocess, sys\n"
+             "hog = 'h = []\\nwhile True:\\n    try:\\n        h.append(b\"x\" * 2 ** 26)\\n'\\\n"
+             "      '    except MemoryError:\\n        __import__(\"time\").sleep(60)'\n"
+             "children = [subprocess.Popen([sys.executable, '-S', '-c', hog]) for _ in range(8)]   # each fills its cap\n"
              "import time; time.sleep(120)\n"),
     "victor": "while True:\n    pass\n",
 }

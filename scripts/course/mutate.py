@@ -82,7 +82,10 @@ def run_question(plan, key, answer_sources, timeout):
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
     results, status = checks.run_in_process(plan, ns, [key], call_timeout=timeout)
-    verdict = checks.evaluate(plan, results, status, None)[key]
+    tests = {q.tests for q in nbtools.questions(plan.nb)}
+    sources = [answer_sources.get(i, c.source) for i, c in enumerate(plan.nb.cells)
+               if c.cell_type == "code" and i not in tests]
+    verdict = checks.evaluate(plan, results, status, sources)[key]
     return None if verdict.passed else (verdict.failures[0] if verdict.failures else "failed")
 
 

@@ -10,17 +10,31 @@ any function, class or global of the notebook it refers to. A forbidden name tha
 own function (their ``softmax``) is fine.
 """
 import ast
+import functools
 
 MAX_SOURCE = 2_000_000
+
+
+@functools.lru_cache(maxsize=1)
+def _manager():
+    from IPython.core.inputtransformer2 import TransformerManager
+    return TransformerManager()
 
 
 def _python(source):
     """The cell's source with IPython syntax (magics, !commands) turned into Python."""
     try:
-        from IPython.core.inputtransformer2 import TransformerManager
-        return TransformerManager().transform_cell(source)
+        return _manager().transform_cell(source)
     except Exception:                                       # noqa: BLE001: leave it as it is
         return source
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse(source):
+    try:
+        return ast.parse(_python(source))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
 
 
 def _fold(node):
@@ -48,9 +62,8 @@ class _Module:
         for src in sources:
             if not isinstance(src, str) or len(src) > MAX_SOURCE:
                 continue
-            try:
-                tree = ast.parse(_python(src))
-            except (SyntaxError, ValueError, RecursionError, MemoryError):
+            tree = _parse(src)
+            if tree is None:
                 continue
             for node in tree.body:
                 self._top(node)

@@ -50,6 +50,9 @@ class Withheld:
 
 
 class WithheldModule(types.ModuleType):
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(MESSAGE.format(self.__name__))
+
     def __getattr__(self, attr):
         if attr.startswith("__") and attr.endswith("__"):
             raise AttributeError(attr)
