@@ -46,7 +46,7 @@ class Settings:
     tmp_mb: int = 512               # each of /tmp and /work
     wall_s: int = 900               # one sandbox run, at most
     max_sessions: int = 4           # kernels started (restarts after a death or a timeout)
-    max_result_mb: int = 128        # what the sandbox may send back
+    max_result_mb: int = 64         # what the sandbox may send back
     sandbox: bool = True            # False: --no-sandbox (same runner, no namespaces)
     uid_base: int = 60000           # as root: the sandbox runs as uid_base + slot
     bwrap: str = "bwrap"
