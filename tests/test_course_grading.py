@@ -23,7 +23,7 @@ FIXTURES = ROOT / "tests" / "fixtures" / "course"
 pytest.importorskip("nbgrader", reason="the course edition needs requirements-course.txt (make test-course)")
 
 #: per-cell time limit for the fixture run (a top-level loop costs this much); a call's limit below
-TIMEOUT_S, CALL_TIMEOUT_S = 20, 5
+TIMEOUT_S, CALL_TIMEOUT_S = 20, 10
 #: the sandbox's memory cap for all its processes: tina's memory hogs must hit it
 TOTAL_MEM_MB = 2048
 NAMES = ("derivation_ops", "int8")

