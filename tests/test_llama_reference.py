@@ -220,3 +220,34 @@ def test_float32_block_matches_the_layer_as_shipped(heads):
     errors = compare(block, layer, rot, x, padding_mask())
     bad = {k: v for k, v in errors.items() if not v < REF_TOL_F32}
     assert not bad, bad
+
+
+def test_llama_lm_matches_llama_for_causal_lm():
+    """The tiny LM of the chapter's experiment against transformers' LlamaForCausalLM, float64, the
+    same patches: logits and every parameter gradient, names and layouts of its state_dict."""
+    from preln.llama_lm import LlamaLM, LlamaLMConfig
+    cfg = LlamaLMConfig(vocab_size=11, d_model=16, n_heads=4, n_kv_heads=2, d_ff=24, n_layers=2,
+                        rope_theta=THETA, eps=EPS)
+    lm = LlamaLM(cfg, seed=0)
+    hcfg = hf_config(cfg.block_config())
+    hcfg.vocab_size, hcfg.num_hidden_layers = cfg.vocab_size, cfg.n_layers
+    model = modeling_llama.LlamaForCausalLM(hcfg).to(torch.float64)
+    for module in model.modules():
+        if isinstance(module, modeling_llama.LlamaRMSNorm):
+            module.__class__ = InputDtypeRMSNorm
+    model.model.rotary_emb.__class__ = Float64Rotary
+    assert {k: tuple(v.shape) for k, v in model.state_dict().items()} == \
+        {k: v.shape for k, v in lm.state_dict().items()}
+    model.load_state_dict({k: torch.tensor(v) for k, v in lm.state_dict().items()})
+    g = np.random.default_rng(11)
+    tokens = g.integers(0, cfg.vocab_size, (B, S))
+    w = g.standard_normal((B, S, cfg.vocab_size))
+    model.zero_grad()
+    logits_t = model(input_ids=torch.tensor(tokens)).logits
+    (logits_t * torch.tensor(w)).sum().backward()
+    lm.zero_grad()
+    logits = lm(tokens)
+    lm.backward(w)
+    assert scaled(logits, logits_t.detach().numpy()) < REF_TOL_F64
+    for k, p in model.named_parameters():
+        assert scaled(lm.grads[k], p.grad.numpy()) < REF_TOL_F64, k
