@@ -188,6 +188,9 @@ class LlamaBlock:
     attention: "auto" (tiled in eval mode, plain in training mode), "plain" or "tiled".
     fused: True -- the fused kernels where they apply (see the module docstring); False -- every op
         as a separate numpy call.
+
+    ``train()`` / ``eval()``: the block has no dropout (Llama has none); eval mode runs the tiled
+    attention (the backward then recomputes P) and is the mode ``decode`` requires.
     """
 
     def __init__(self, config, dtype=np.float64, seed=0, policy="safe", check_finite=False,

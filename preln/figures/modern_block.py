@@ -38,7 +38,8 @@ __all__ = [
     "norm_jacobians", "rope_scores", "plot_rope_scores", "rope_scores_alt", "plot_rope_frequencies",
     "kv_cache_bytes", "plot_kv_bytes", "kv_bytes_alt", "EXPERIMENT", "MODELS", "experiment_configs",
     "build_model", "train_run", "round_like_reference", "load_runs", "load_weights", "runs_table",
-    "plot_training_curves", "training_curves_alt", "loss_by_position", "plot_loss_by_position",
+    "plot_training_curves", "training_curves_alt", "ngram_perplexity", "loss_by_position",
+    "plot_loss_by_position",
     "EXPLORABLES",
 ]
 
@@ -327,6 +328,19 @@ def training_curves_alt(window=25) -> str:
             "faint. The GPT-style model (vermillion) sits on a plateau between steps 50 and 200 that "
             "both Llama-style models (blue, and green dashed for MQA) leave earlier; the two "
             "Llama-style curves lie on top of each other. " + "; ".join(parts) + ".")
+
+
+def ngram_perplexity(train_ids, val_ids, n, vocab_size, alpha=0.01):
+    """Held-out perplexity of a character n-gram model (n = 1, 2, 3) counted on ``train_ids`` with
+    add-``alpha`` smoothing: the yardsticks "letter frequencies" (n = 1), "one character of
+    context" (2) and "two characters" (3) for the language models' curves."""
+    if n not in (1, 2, 3):
+        raise ValueError(f"n: expected 1, 2 or 3; got {n!r}")
+    counts = np.full((vocab_size,) * n, alpha)
+    np.add.at(counts, tuple(train_ids[i:train_ids.size - n + 1 + i] for i in range(n)), 1.0)
+    p = counts / counts.sum(-1, keepdims=True)
+    logp = np.log(p[tuple(val_ids[i:val_ids.size - n + 1 + i] for i in range(n))])
+    return float(np.exp(-logp.mean()))
 
 
 def loss_by_position(model, ids, seq_len, max_windows=None):

@@ -128,13 +128,16 @@ def silu_mul(a, b, out=None):  # (..., F) x 2 -> (..., F)
 
 @njit(fastmath=_FAST, **_JIT)
 def _silu_mul_backward_rows(dg, a, b, one, da, db):  # (N, F) rows
+    """Each row through 1-D views: with five 2-D arrays indexed [i, j] the compiler's overlap checks
+    give up and the loop runs scalar (measured 2x slower)."""
     N, F = a.shape
     for i in range(N):
+        g_i, a_i, b_i, da_i, db_i = dg[i], a[i], b[i], da[i], db[i]
         for j in range(F):
-            v = a[i, j]
+            v = a_i[j]
             sig = one / (one + _exp(-v))                            # sigma(a), recomputed
-            db[i, j] = dg[i, j] * (v * sig)                         # g = SiLU(a) b
-            da[i, j] = dg[i, j] * b[i, j] * (sig * (one + v * (one - sig)))   # SiLU'(a)
+            db_i[j] = g_i[j] * (v * sig)                            # g = SiLU(a) b
+            da_i[j] = g_i[j] * b_i[j] * (sig * (one + v * (one - sig)))   # SiLU'(a)
 
 
 def silu_mul_backward(dg, a, b):  # (..., F) x 3 -> (..., F) x 2
