@@ -146,3 +146,29 @@ def test_the_nbgrader_config_plugs_in_the_sandbox():
     pre = cfg.Autograde.autograde_preprocessors
     assert pre[0].__name__ == "SandboxedExecute" and "Execute" not in [p.__name__ for p in pre[1:]]
     assert "SaveAutoGrades" in [p.__name__ for p in pre]
+
+
+def test_stock_nbgrader_autograde_gets_the_same_protection(tmp_path):
+    """`nbgrader autograde` run in a course directory laid out like assignments/ (with
+    scripts/course/ next to it): the configuration's SandboxedExecute grades the honest notebook
+    and zeroes the cheats, exactly as make grade does."""
+    course = tmp_path / "assignments"
+    shutil.copytree(nbtools.COURSE / "source" / "derivation_ops", course / "source" / "derivation_ops")
+    shutil.copy(nbtools.COURSE / "nbgrader_config.py", course / "nbgrader_config.py")
+    shutil.copytree(ROOT / "scripts" / "course", tmp_path / "scripts" / "course",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for student in ("alice", "oscar", "nina"):
+        dest = course / "submitted" / student / "derivation_ops"
+        dest.mkdir(parents=True)
+        shutil.copy(ROOT / "tests" / "fixtures" / "course" / "submissions" / student / "derivation_ops" /
+                    "derivation_ops.ipynb", dest)
+    env = {**__import__("os").environ, "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
+    for cmd in (["generate_assignment", "derivation_ops", "--create", "--force"], ["autograde", "derivation_ops", "--create"]):
+        res = subprocess.run([sys.executable, "-m", "nbgrader", *cmd], cwd=course, capture_output=True, text=True, env=env)
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{course}/gradebook.db") as gb:
+        totals = {s: gb.find_submission("derivation_ops", s).score for s in ("alice", "oscar", "nina")}
+    assert totals == {"alice": 20, "oscar": 0, "nina": 0}, totals
+    text = (course / "autograded" / "oscar" / "derivation_ops" / "derivation_ops.ipynb").read_text()
+    assert "not available while your notebook is graded" in text and "HiddenCheckFailed" in text

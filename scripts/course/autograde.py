@@ -21,6 +21,7 @@ then reports the notebook as not autograded; make grade writes ``failed: <reason
 import atexit
 import base64
 import copy
+import hashlib
 import json
 import os
 import shutil
@@ -66,9 +67,15 @@ class _Workspace:
 
     def view(self, key):
         if key not in self.views:
-            dest = self.root / f"view{len(self.views)}"
-            if not dest.exists():
-                views.build_view(dest, key[0], key[1])
+            dest = self.root / ("view-" + hashlib.sha1(repr(key).encode()).hexdigest()[:12])
+            if not dest.exists():                 # built aside, then renamed: never half a view
+                tmp = Path(tempfile.mkdtemp(prefix=".view-", dir=self.root))
+                views.build_view(tmp, key[0], key[1])
+                os.chmod(tmp, 0o755)
+                try:
+                    os.rename(tmp, dest)
+                except OSError:                   # another process built it first
+                    shutil.rmtree(tmp, ignore_errors=True)
             self.views[key] = dest
         return self.views[key]
 

@@ -12,11 +12,21 @@ question declares with ``no_credit_for``.
 """
 import ast
 import importlib
+import importlib.util
 import inspect
 import shutil
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[2] / "preln"
+def _package():
+    """The preln the grader imports (its references are computed with it): the repository's in a
+    clone with `pip install -e .`, the installed one on a hub."""
+    spec = importlib.util.find_spec("preln")
+    if spec is None or not spec.origin:
+        raise RuntimeError("the grader needs the preln package: pip install -e . in the repository")
+    return Path(spec.origin).resolve().parent
+
+
+PACKAGE = _package()
 
 GRADING_VIEW_MODULE = '''"""Stand-ins for the parts of preln that are withheld while a notebook is graded (generated)."""
 import importlib.abc
