@@ -23,9 +23,9 @@ process, where the student's code cannot reach them. In the instructor's own ker
 notebook run top to bottom) ``layer_norm_forward`` is the real function and :func:`check` evaluates
 at once, raising AssertionError with the message a student would get.
 
-Expectations: :func:`close` (named float tolerances), :func:`equal` (exact: integers, booleans,
-strings, and floats where the question says "bit for bit"), :func:`raises`, :func:`satisfies`
-(a predicate of the returned value), :func:`unchanged` and :func:`arg_after` (the arguments after
+Expectations: :class:`close` (named float tolerances), :class:`equal` (exact: integers, booleans,
+strings, and floats where the question says "bit for bit"), :class:`raises`, :class:`satisfies`
+(a predicate of the returned value), :class:`unchanged` and :class:`arg_after` (the arguments after
 the call; need :func:`call`). Every failure message names the input (``what`` of :func:`check`)
 and the property checked, never the expected value. Conventions: assignments/CONVENTIONS.md.
 """
@@ -39,7 +39,7 @@ import warnings
 import numpy as np
 
 __all__ = ["check", "call", "call_strict", "close", "equal", "raises", "satisfies", "unchanged",
-           "arg_after", "returns", "code", "no_credit_for", "grading_view", "Outcome", "Call"]
+           "arg_after", "returns", "code", "no_credit_for", "grading_view", "Outcome", "Call", "Expectation"]
 
 #: the grader installs its collector here while it runs a hidden region (scripts/course/checks.py)
 _PLAN = None
@@ -91,7 +91,7 @@ def _is_stand_in(fn):
 
 def call(fn, *args, **kwargs):
     """``fn(*args, **kwargs)`` as a check's subject, keeping the arguments as they are after the
-    call (for :func:`unchanged` and :func:`arg_after`) and a raised exception (for :func:`raises`)."""
+    call (for :class:`unchanged` and :class:`arg_after`) and a raised exception (for :class:`raises`)."""
     return _call(fn, args, kwargs, errstate=None)
 
 
@@ -134,10 +134,10 @@ def _first_line(e):
 def check(what, subject, *expectations):
     """One hidden check: ``subject`` (a call of the student's function) must meet every expectation.
 
-    what:         the input, as the student reads it in a failure message ("a (2, 3) float16 input
-                  with a fully masked row") — never the expected value.
-    subject:      ``answer(...)`` or :func:`call`\\ (answer, ...).
-    expectations: :func:`close`, :func:`equal`, :func:`raises`, ... (at least one).
+    - what: the input, as the student reads it in a failure message ("a (2, 3) float16 input
+      with a fully masked row") — never the expected value.
+    - subject: ``answer(...)`` or ``call(answer, ...)``.
+    - expectations: :class:`close`, :class:`equal`, :class:`raises`, ... (at least one).
     """
     if not isinstance(what, str) or not what.strip():
         raise TypeError(f"what: expected a description of the input; got {what!r}")
@@ -213,6 +213,9 @@ def grading_view(*modules, without=()):
 
 # ---- expectations ----------------------------------------------------------------------------
 class Expectation:
+    """The base of every expectation of :func:`check` (close, equal, raises, satisfies, returns,
+    unchanged, arg_after): ``verify(outcome)`` returns a failure message, or None when it holds."""
+
     needs_args = False
 
     def __init__(self, what, part):
@@ -274,86 +277,76 @@ def _is_number(v):
     return isinstance(v, (numbers.Number, np.number)) and not isinstance(v, (bool, np.bool_))
 
 
-class _Compare(Expectation):
-    """close / equal: the same structure as ``expected``, leaf by leaf."""
+# close and equal: the result has the structure of ``expected``, compared leaf by leaf; ``e`` is
+# the expectation (its flags, and its ``_values`` for the leaves)
+def _walk(e, got, want, name):
+    if isinstance(want, dict):
+        if not isinstance(got, dict):
+            return f"{name}: {_kind(got)}, expected a dict"
+        if set(got) != set(want):
+            missing, extra = sorted(map(str, set(want) - set(got))), sorted(map(str, set(got) - set(want)))
+            return (f"{name}: the keys differ" + (f"; missing {', '.join(missing[:6])}" if missing else "")
+                    + (f"; unexpected {', '.join(extra[:6])}" if extra else ""))
+        for k in want:
+            msg = _walk(e, got[k], want[k], f"{name}[{k!r}]")
+            if msg:
+                return msg
+        return None
+    if isinstance(want, (tuple, list)):
+        if not isinstance(got, (tuple, list)):
+            return f"{name}: {_kind(got)}, expected a {type(want).__name__} of {len(want)} items"
+        if len(got) != len(want):
+            return f"{name}: {len(got)} items, expected {len(want)}"
+        for i, (g, w) in enumerate(zip(got, want)):
+            msg = _walk(e, g, w, f"{name}[{i}]")
+            if msg:
+                return msg
+        return None
+    if isinstance(want, np.ndarray):
+        return _array(e, got, want, name)
+    if want is None:
+        return None if got is None else f"{name}: {_kind(got)}, expected None"
+    if isinstance(want, (bool, np.bool_)):
+        if not isinstance(got, (bool, np.bool_)):
+            return f"{name}: {_kind(got)}, expected a bool"
+        return None if bool(got) == bool(want) else f"{name}: the wrong truth value"
+    if isinstance(want, str):
+        if not isinstance(got, str):
+            return f"{name}: {_kind(got)}, expected a string"
+        return None if got == want else f"{name}: not the expected string"
+    if _is_number(want):
+        return _scalar(e, got, want, name)
+    raise TypeError(f"expected: cannot compare with a {type(want).__name__}")
 
-    exact = False
+def _scalar(e, got, want, name):
+    if not e.strict_type and isinstance(got, np.ndarray) and got.shape == ():
+        got = got[()]
+    if not _is_number(got):
+        return f"{name}: {_kind(got)}, expected a number"
+    if e.exact and isinstance(want, (numbers.Integral, np.integer)) and e.strict_type \
+            and not isinstance(got, (numbers.Integral, np.integer)):
+        return f"{name}: {_kind(got)}, expected an integer"
+    if e.dtype and isinstance(want, np.generic) and e.strict_type:
+        gdt = got.dtype if isinstance(got, np.generic) else None
+        if gdt != want.dtype:
+            return f"{name}: {_kind(got)}, expected a numpy {want.dtype} scalar"
+    return e._values(np.asarray(got), np.asarray(want), name)
 
-    def __init__(self, expected, what, part, dtype, strict_type):
-        super().__init__(what, part)
-        self.expected, self.dtype, self.strict_type = copy.deepcopy(expected), dtype, strict_type
-
-    def test(self, value):
-        return self._walk(value, self.expected, self.what)
-
-    def _walk(self, got, want, name):
-        if isinstance(want, dict):
-            if not isinstance(got, dict):
-                return f"{name}: {_kind(got)}, expected a dict"
-            if set(got) != set(want):
-                missing, extra = sorted(map(str, set(want) - set(got))), sorted(map(str, set(got) - set(want)))
-                return (f"{name}: the keys differ" + (f"; missing {', '.join(missing[:6])}" if missing else "")
-                        + (f"; unexpected {', '.join(extra[:6])}" if extra else ""))
-            for k in want:
-                msg = self._walk(got[k], want[k], f"{name}[{k!r}]")
-                if msg:
-                    return msg
-            return None
-        if isinstance(want, (tuple, list)):
-            if not isinstance(got, (tuple, list)):
-                return f"{name}: {_kind(got)}, expected a {type(want).__name__} of {len(want)} items"
-            if len(got) != len(want):
-                return f"{name}: {len(got)} items, expected {len(want)}"
-            for i, (g, w) in enumerate(zip(got, want)):
-                msg = self._walk(g, w, f"{name}[{i}]")
-                if msg:
-                    return msg
-            return None
-        if isinstance(want, np.ndarray):
-            return self._array(got, want, name)
-        if want is None:
-            return None if got is None else f"{name}: {_kind(got)}, expected None"
-        if isinstance(want, (bool, np.bool_)):
-            if not isinstance(got, (bool, np.bool_)):
-                return f"{name}: {_kind(got)}, expected a bool"
-            return None if bool(got) == bool(want) else f"{name}: the wrong truth value"
-        if isinstance(want, str):
-            if not isinstance(got, str):
-                return f"{name}: {_kind(got)}, expected a string"
-            return None if got == want else f"{name}: not the expected string"
-        if _is_number(want):
-            return self._scalar(got, want, name)
-        raise TypeError(f"expected: cannot compare with a {type(want).__name__}")
-
-    def _scalar(self, got, want, name):
-        if not self.strict_type and isinstance(got, np.ndarray) and got.shape == ():
-            got = got[()]
-        if not _is_number(got):
-            return f"{name}: {_kind(got)}, expected a number"
-        if self.exact and isinstance(want, (numbers.Integral, np.integer)) and self.strict_type \
-                and not isinstance(got, (numbers.Integral, np.integer)):
-            return f"{name}: {_kind(got)}, expected an integer"
-        if self.dtype and isinstance(want, np.generic) and self.strict_type:
-            gdt = got.dtype if isinstance(got, np.generic) else None
-            if gdt != want.dtype:
-                return f"{name}: {_kind(got)}, expected a numpy {want.dtype} scalar"
-        return self._values(np.asarray(got), np.asarray(want), name)
-
-    def _array(self, got, want, name):
-        if not isinstance(got, np.ndarray) or type(got) is not np.ndarray:
-            if self.strict_type or not (_is_number(got) or isinstance(got, (np.ndarray, list, tuple, bool, np.bool_))):
-                return f"{name}: {_kind(got)}, expected an array"
-            try:
-                got = np.asarray(got)
-            except Exception:                               # noqa: BLE001: a ragged list, say
-                return f"{name}: {_kind(got)}, expected an array"
-        if got.shape != want.shape:
-            return f"{name}: shape {got.shape}, expected {want.shape}"
-        if self.dtype and got.dtype != want.dtype:
-            return f"{name}: dtype {got.dtype}, expected {want.dtype}"
-        if got.dtype.kind not in "biufc" and not _is_ml_dtype(got.dtype):
-            return f"{name}: dtype {got.dtype} is not numeric"
-        return self._values(got, want, name)
+def _array(e, got, want, name):
+    if not isinstance(got, np.ndarray) or type(got) is not np.ndarray:
+        if e.strict_type or not (_is_number(got) or isinstance(got, (np.ndarray, list, tuple, bool, np.bool_))):
+            return f"{name}: {_kind(got)}, expected an array"
+        try:
+            got = np.asarray(got)
+        except Exception:                               # noqa: BLE001: a ragged list, say
+            return f"{name}: {_kind(got)}, expected an array"
+    if got.shape != want.shape:
+        return f"{name}: shape {got.shape}, expected {want.shape}"
+    if e.dtype and got.dtype != want.dtype:
+        return f"{name}: dtype {got.dtype}, expected {want.dtype}"
+    if got.dtype.kind not in "biufc" and not _is_ml_dtype(got.dtype):
+        return f"{name}: dtype {got.dtype} is not numeric"
+    return e._values(got, want, name)
 
 
 def _is_ml_dtype(dt):
@@ -367,22 +360,28 @@ def _as_float(a):
     return a.astype(np.float64)
 
 
-class close(_Compare):
+class close(Expectation):
     """The result equals ``expected`` within a tolerance: ``|got - want| <= atol + rtol |want|``
     entry by entry (NaN where the reference has NaN, inf of the same sign where it has inf).
 
-    expected:    the reference value: an array, a number, or a tuple/list/dict of them.
-    rtol, atol:  the tolerances (pass named constants; say in the prompt what they allow).
-    what:        what the result is, for the failure message ("y", "the scale").
-    part:        compare only this item of the result (an index, a key, or a tuple of them).
-    dtype:       arrays (and numpy scalars) must have the reference's dtype (default True).
-    strict_type: an array must be returned as an ndarray, a number as a number (default True);
-                 False also accepts array-likes (a 0-d array for a number, a list for an array).
+    - expected: the reference value: an array, a number, or a tuple/list/dict of them.
+    - rtol, atol: the tolerances (pass named constants; say in the prompt what they allow).
+    - what: what the result is, for the failure message ("y", "the scale").
+    - part: compare only this item of the result (an index, a key, or a tuple of them).
+    - dtype: arrays (and numpy scalars) must have the reference's dtype (default True).
+    - strict_type: an array must be returned as an ndarray, a number as a number (default True);
+      False also accepts array-likes (a 0-d array for a number, a list for an array).
     """
+
+    exact = False
+
+    def test(self, value):
+        return _walk(self, value, self.expected, self.what)
 
     def __init__(self, expected, rtol=1e-7, atol=0.0, what="the result", part=None, dtype=True,
                  strict_type=True):
-        super().__init__(expected, what, part, dtype, strict_type)
+        Expectation.__init__(self, what, part)
+        self.expected, self.dtype, self.strict_type = copy.deepcopy(expected), dtype, strict_type
         if not (rtol >= 0 and atol >= 0):
             raise ValueError(f"rtol, atol: expected tolerances >= 0; got {rtol}, {atol}")
         self.rtol, self.atol = rtol, atol
@@ -410,7 +409,7 @@ class close(_Compare):
         return None
 
 
-class equal(_Compare):
+class equal(Expectation):
     """The result equals ``expected`` exactly: integers, booleans, strings, and floats only where the
     question says "bit for bit" (then give ``why``: it is shown with a failure). NaN equals NaN.
 
@@ -419,8 +418,12 @@ class equal(_Compare):
 
     exact = True
 
+    def test(self, value):
+        return _walk(self, value, self.expected, self.what)
+
     def __init__(self, expected, what="the result", part=None, why=None, dtype=True, strict_type=True):
-        super().__init__(expected, what, part, dtype, strict_type)
+        Expectation.__init__(self, what, part)
+        self.expected, self.dtype, self.strict_type = copy.deepcopy(expected), dtype, strict_type
         self.why = why
 
     def _values(self, got, want, name):
@@ -462,9 +465,9 @@ class raises(Expectation):
 class satisfies(Expectation):
     """``predicate(value, *args)`` is true of the result (evaluated by the grader).
 
-    what:  the property, for the failure message ("rows sum to 1").
-    args:  extra arguments for the predicate (the inputs it needs; bind them here rather than
-           through a loop variable captured by a lambda).
+    - what: the property, for the failure message ("rows sum to 1").
+    - args: extra arguments for the predicate (the inputs it needs; bind them here rather than
+      through a loop variable captured by a lambda).
     """
 
     def __init__(self, predicate, what, *args, part=None):
@@ -497,19 +500,18 @@ class returns(Expectation):
         return f"{self.what}: {_kind(value)}, expected {names}"
 
 
-class _ArgExpectation(Expectation):
-    needs_args = True
-
-    def _arg(self, args_kwargs, which):
-        args, kwargs = args_kwargs
-        if isinstance(which, int):
-            return args[which]
-        return kwargs[which]
+def _arg(args_kwargs, which):
+    args, kwargs = args_kwargs
+    if isinstance(which, int):
+        return args[which]
+    return kwargs[which]
 
 
-class unchanged(_ArgExpectation):
+class unchanged(Expectation):
     """The call leaves these arguments as they were (positions, or keyword names): the question asks
     for new arrays, not updates in place. Needs :func:`call`."""
+
+    needs_args = True
 
     def __init__(self, *which, what="the inputs"):
         super().__init__(what, None)
@@ -523,16 +525,18 @@ class unchanged(_ArgExpectation):
                 return f"{self.what}: {outcome.problem()}"
             return f"{self.what}: the arguments were not kept (use call(answer, ...))"
         for w in self.which:
-            before, after = self._arg(outcome.args_before, w), self._arg(outcome.args_after, w)
+            before, after = _arg(outcome.args_before, w), _arg(outcome.args_after, w)
             if not _same(before, after):
                 label = f"argument {w}" if isinstance(w, int) else f"argument {w}="
                 return f"{self.what}: your function changed {label} in place"
         return None
 
 
-class arg_after(_ArgExpectation):
+class arg_after(Expectation):
     """An expectation about an argument as it is after the call, e.g. a random generator's next
     draw (``arg_after(2, satisfies(...))``). Needs :func:`call`."""
+
+    needs_args = True
 
     def __init__(self, which, expectation):
         if not isinstance(expectation, Expectation) or expectation.needs_args:
@@ -545,7 +549,7 @@ class arg_after(_ArgExpectation):
             return f"{self.what}: {outcome.problem()}"
         if outcome.args_after is None:
             return f"{self.what}: the arguments were not kept (use call(answer, ...))"
-        value = self._arg(outcome.args_after, self.which)
+        value = _arg(outcome.args_after, self.which)
         return self.inner.verify(Outcome("value", value))
 
 

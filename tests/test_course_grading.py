@@ -111,7 +111,8 @@ def test_feedback_says_what_was_checked(graded):
     bob = (fb / "bob" / "derivation_ops.html").read_text()
     assert "HiddenCheckFailed" in bob and "eps=" in bob and "differ from the reference" in bob
     assert "(x - 2.5)" not in bob and "BEGIN HIDDEN" not in bob          # no hidden code in feedback
-    assert "MemoryError" in (fb / "grace" / "derivation_ops.html").read_text()
+    grace = (fb / "grace" / "derivation_ops.html").read_text()      # its hoard hits the memory cap,
+    assert "MemoryError" in grace or "time limit" in grace           # or the time limit on a busy machine
     assert "time limit" in (fb / "dave" / "derivation_ops.html").read_text()
     assert "All" in (fb / "alice" / "int8.html").read_text() or "passed" in (fb / "alice" / "int8.html").read_text()
     liam = (fb / "liam" / "derivation_ops.html").read_text()

@@ -53,6 +53,7 @@ probe("nproc", lambda: resource.getrlimit(resource.RLIMIT_NPROC)[0])
 probe("as_mb", lambda: resource.getrlimit(resource.RLIMIT_AS)[0] // 2 ** 20)
 probe("kill_init", lambda: os.kill(1, 9) or "killed")
 probe("preln_file", lambda: __import__("preln").__file__)
+probe("alloc_3gb", lambda: len(bytearray(3 * 2 ** 30)))
 probe("forks", forks)
 print("PROBES" + json.dumps(found))
 '''
@@ -100,6 +101,7 @@ def test_no_network_own_pids_no_root(probed):
     assert max(found["pids"]) < 100 and 1 in found["pids"]    # its own PID namespace
     assert found["uid"] != 0 and str(found["kill_init"]).startswith("error: ")
     assert found["nproc"] == 64 and found["as_mb"] == 2048
+    assert found["alloc_3gb"] == "error: MemoryError"         # beyond the address-space cap
 
 
 def test_processes_are_bounded(probed):

@@ -102,13 +102,21 @@ def main(argv=None):
         for name in names:
             cmd += ["--assignment", name]
         t0 = time.perf_counter()
-        res = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        graded, tail = 0, []
+        for line in proc.stdout:                  # progress as it comes: a run cut short still says
+            tail = (tail + [line])[-40:]          # how many notebooks it graded in how long
+            if line.startswith("["):
+                graded += 1
+                if graded % 10 == 0:
+                    print(f"  JOBS={jobs}: {graded} notebooks in {time.perf_counter() - t0:.0f} s "
+                          f"(load {load()})", flush=True)
+        rc = proc.wait()
         wall = time.perf_counter() - t0
-        graded = sum(1 for ln in res.stdout.splitlines() if ln.startswith("["))
-        if res.returncode != 0:
-            print(res.stdout[-3000:], res.stderr[-3000:], file=sys.stderr)
-        rows.append((jobs, graded, wall, before, load(), res.returncode))
-        print(f"JOBS={jobs}: {graded} notebooks in {wall:.0f} s (exit {res.returncode})", flush=True)
+        if rc != 0:
+            print("".join(tail), file=sys.stderr)
+        rows.append((jobs, graded, wall, before, load(), rc))
+        print(f"JOBS={jobs}: {graded} notebooks in {wall:.0f} s (exit {rc})", flush=True)
     print()
     print("| JOBS | notebooks | wall (s) | s per notebook | notebooks per hour | load before | load after |")
     print("|---:|---:|---:|---:|---:|---|---|")

@@ -415,7 +415,9 @@ def filled(release, source, overrides=None, solve=True):
 def add_cell(nb, source, after="setup"):
     """A new (student) code cell after the cell with grade_id ``after``."""
     i = next(k for k, c in enumerate(nb.cells) if nbtools.grade_id(c) == after)
-    nb.cells.insert(i + 1, nbformat.v4.new_code_cell(source.strip("\n")))
+    cell = nbformat.v4.new_code_cell(source.strip("\n"))
+    cell["id"] = f"student-{after}-{sum(1 for c in nb.cells if c.get('id', '').startswith('student-'))}"
+    nb.cells.insert(i + 1, cell)       # a fixed id: the fixtures are the same file every time
     return nb
 
 

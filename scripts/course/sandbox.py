@@ -13,7 +13,8 @@ gradebook, the CSVs and other students' files are simply not there.
 
 Inside, grader_runner.py caps every process (address space ``mem_mb``, CPU ``cpu_s``, ``nproc``
 processes, file size) — as root the grader runs bwrap privileged and the runner drops to an
-unprivileged uid of its own (``uid_base + slot``) first, since RLIMIT_NPROC does not bind root.
+unprivileged uid of its own (``uid_base`` + the worker's pid mod 30000) first, since RLIMIT_NPROC
+does not bind root and counts per uid.
 Outside, a watchdog kills the whole sandbox when its processes together hold more than
 ``total_mem_mb`` of memory, or when it runs longer than ``wall_s``. The only thing read back is the
 runner's JSON document on the sandbox's standard output (at most ``max_result_mb``).
@@ -48,7 +49,7 @@ class Settings:
     max_sessions: int = 4           # kernels started (restarts after a death or a timeout)
     max_result_mb: int = 64         # what the sandbox may send back
     sandbox: bool = True            # False: --no-sandbox (same runner, no namespaces)
-    uid_base: int = 60000           # as root: the sandbox runs as uid_base + slot
+    uid_base: int = 60000           # as root: the sandbox runs as uid_base + (worker pid mod 30000)
     bwrap: str = "bwrap"
 
 
@@ -170,7 +171,13 @@ def runner_spec(settings, cells, questions, slot, privileged):
               "RLIMIT_FSIZE": settings.tmp_mb * 2 ** 20, "RLIMIT_CORE": 0, "RLIMIT_NOFILE": 1024}
     if not settings.sandbox:
         limits.pop("RLIMIT_NPROC")          # without a namespace it would count all of our processes
-    uid = settings.uid_base + slot if (privileged and settings.sandbox) else None
+    uid = None
+    if privileged and settings.sandbox:
+        # a uid of this worker's own (from its pid, unique among the processes alive): the process
+        # limit counts per uid, so concurrent sandboxes, of this run or of another, never share it
+        uid = settings.uid_base + os.getpid() % 30000
+        uid += uid == 65534                                  # not nobody's
+    
     return {"cells": cells, "questions": questions, "cell_timeout": settings.cell_timeout,
             "max_sessions": settings.max_sessions, "rlimits": limits, "uid": uid, "gid": uid,
             "sandboxed": bool(settings.sandbox)}
