@@ -696,8 +696,8 @@ def weight_bytes_per_value(bits=16, group_size=None, scale_bytes=2):
     group of ``group_size`` weights of a row shares a scale (scale_bytes) and a zero point (bits).
     Per-channel scales (group_size None) cost one scale per row: left out (D times fewer)."""
     bits = _check_size("bits", bits)
-    if bits > 32:
-        raise ValueError(f"bits: expected at most 32; got {bits}")
+    if bits > 64:
+        raise ValueError(f"bits: expected at most 64; got {bits}")
     if group_size is None:
         return bits / 8
     return bits / 8 + (scale_bytes + bits / 8) / _check_size("group_size", group_size)
