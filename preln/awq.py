@@ -18,12 +18,14 @@ most are those with large activations ("salient" weights, section 3.1), so AWQ t
 and chooses alpha from the grid 0, 1/n_grid, ..., (n_grid - 1)/n_grid by the layer's output
 error on the calibration inputs, || x W^T - (x / s) Q(W diag(s))^T ||^2 (section 3.3; n_grid = 20
 in the authors' code, llm-awq's auto_scale.py). alpha = 0 is s = 1, plain round to nearest, so on
-the calibration inputs AWQ is never worse than it.
+the calibration inputs AWQ is never worse than it. The error is measured where the authors measure
+it: at the output of the module the layer feeds (for the q, k, v projection, the whole attention
+sublayer: an error in q and k passes through the softmax), else at the layer's own output.
 
 In a model, dividing x by s costs nothing at run time: it is folded into the LayerNorm before
 in_proj and linear1, or into the previous linear layer. Here it is kept explicit (the quantised
-layer stores s); the authors search the scales on a whole block's output and also clip the weight
-range per group (auto_clip), which this version leaves out.
+layer stores s); the authors also clip the weight range per group (auto_clip), which this version
+leaves out.
 """
 from __future__ import annotations
 
@@ -46,12 +48,19 @@ class AWQResult(NamedTuple):
 
 def awq_scales(x, alpha):  # (N, K), float -> (K,)
     """s = mean|x|^alpha per input channel, normalised by sqrt(max s min s) (llm-awq)."""
-    s = np.maximum(np.mean(np.abs(x), axis=0), 1e-4) ** alpha
+    s = np.maximum(np.mean(np.abs(x), axis=0) ** alpha, 1e-4)
     return s / np.sqrt(s.max() * s.min())
 
 
-def awq(w, x, bits=4, group_size=None, symmetric=False, n_grid=20):
-    """Grid-search AWQ's per-channel scales for ``w`` (M, K) on inputs ``x`` (N, K) -> AWQResult."""
+def awq(w, x, bits=4, group_size=None, symmetric=False, n_grid=20, output=None):
+    """Grid-search AWQ's per-channel scales for ``w`` (M, K) on inputs ``x`` (N, K) -> AWQResult.
+
+    output: the function whose error the search minimises, output(w_eff) for an effective weight
+    w_eff = Q(W diag(s)) / s (so that x w_eff^T = (x / s) Q(W diag(s))^T); None: the layer's own
+    output x w_eff^T. The authors judge the q, k, v projection by the output of the whole attention
+    it feeds (llm-awq: module2inspect=self_attn), which :func:`preln.groupquant.quantize_weights`
+    passes here.
+    """
     w = _check_weight(w)
     bits = _check_bits(bits)
     x = np.asarray(x, np.float64)
@@ -60,13 +69,16 @@ def awq(w, x, bits=4, group_size=None, symmetric=False, n_grid=20):
                          f"{w.shape}); got shape {x.shape}")
     if isinstance(n_grid, bool) or not isinstance(n_grid, (int, np.integer)) or n_grid < 1:
         raise ValueError(f"n_grid: expected a positive int; got {n_grid!r}")
-    y = x @ w.T                                                          # (N, M) the float output
+    if output is None:
+        def output(w_eff):                                               # the layer itself
+            return x @ w_eff.T
+    y = output(w)                                                        # the float output
     alphas = np.arange(n_grid) / n_grid
     losses, best = np.empty(n_grid), None
     for i, a in enumerate(alphas):
         s = awq_scales(x, a)                                             # (K,)
         g = rtn(w * s, bits, group_size, symmetric)                      # W diag(s), rounded
-        losses[i] = np.mean(((x / s) @ g.dequantize().T - y) ** 2)
+        losses[i] = np.mean((output(g.dequantize() / s) - y) ** 2)
         if best is None or losses[i] < losses[best[0]]:
             best = (i, g, s)
     i, g, s = best

@@ -229,14 +229,27 @@ class WeightOnlyLM:
         return sum(b.weight_nbytes() for b in self.blocks)
 
 
-def _quantize_linear(method, w, b, x, bits, group_size, symmetric, options):
+def _attention_output(x, shape, p, cfg):
+    """in_proj's effective weight -> the attention sublayer's output on inputs x (B S, D): what
+    AWQ's search compares for the q, k, v projection."""
+    from .ops import attention_forward, merge_heads, split_heads
+
+    def output(w_eff):
+        qkv = x.reshape(shape) @ w_eff.T + p["self_attn.in_proj_bias"]            # (B, S, 3D)
+        q, k, v = (split_heads(t, cfg.n_heads) for t in np.split(qkv, 3, axis=-1))  # (B, H, S, d_h)
+        o = merge_heads(attention_forward(q, k, v, None, cfg.causal)[0])           # (B, S, D)
+        return o @ p["self_attn.out_proj.weight"].T + p["self_attn.out_proj.bias"]
+    return output
+
+
+def _quantize_linear(method, w, b, x, bits, group_size, symmetric, options, output=None):
     if method == "rtn":
         return WeightOnlyLinear(rtn(w, bits, group_size, symmetric), b)
     if method == "gptq":
         from .gptq import gptq
         return WeightOnlyLinear(gptq(w, x, bits, group_size, symmetric, **options), b)
     from .awq import awq
-    res = awq(w, x, bits, group_size, symmetric, **options)
+    res = awq(w, x, bits, group_size, symmetric, output=output, **options)
     return WeightOnlyLinear(res.quant, b, in_scale=res.scale)
 
 
@@ -272,8 +285,10 @@ def quantize_weights(lm, method, bits=4, group_size=None, calib=None, symmetric=
         def linear(name, x):          # quantise each linear the first time it runs, from its input
             w, b = _WEIGHT[name]
             if name not in linears:
+                out = (_attention_output(x, h.shape, p64, layer.config)
+                       if method == "awq" and name == "in_proj" else None)
                 linears[name] = _quantize_linear(method, p64[w], p64[b], x, bits, group_size,
-                                                 symmetric, options)
+                                                 symmetric, options, out)
             return linears[name](x).astype(np.float64)
 
         if h is None:                                                  # RTN: no data needed

@@ -60,7 +60,7 @@ from .ops import activation_forward, attention_forward, layer_norm_forward, merg
 from .stack import TransformerStack
 
 __all__ = ["QTensor", "qmax", "quantize", "dequantize", "int_matmul", "accumulate", "int32_max_terms",
-           "CALIBRATIONS", "calibrate_scale",
+           "CALIBRATIONS", "calibrate_scale", "linear_inputs",
            "SCHEMES", "LINEARS", "quantize_block", "QuantizedBlock", "QuantizedStack", "QuantizedLM",
            "block_forward", "inject_outliers", "FP8_E4M3_MAX"]
 
@@ -302,6 +302,29 @@ def block_forward(params, config, x, key_padding_mask=None, linear=None, record=
         rec["ln2"] = y
     rec["y"] = y
     return y
+
+
+def linear_inputs(lm, tokens):
+    """The inputs of every block's four linear layers in a float forward of a TinyLM: one dict
+    {name in LINEARS: (B S, in) array} per block -- the calibration data of a per-layer method."""
+    if not isinstance(lm, TinyLM):
+        raise TypeError(f"lm: expected a preln.lm.TinyLM; got {type(lm).__name__}")
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer):
+        raise ValueError(f"tokens: expected (B, S) integer token ids; got shape {tokens.shape}")
+    h = embedding_forward(tokens, lm.own["tok_emb.weight"])[0] + lm.own["pos_emb.weight"][:tokens.shape[1]]
+    out = []
+    for layer in lm.stack.layers:
+        p, seen = layer.params, {}
+
+        def record(name, x):
+            seen[name] = x
+            w, b = _WEIGHT[name]
+            return x @ p[w].T + p[b]
+
+        h = block_forward(p, layer.config, h, linear=record)          # (B, S, D), the float stream
+        out.append(seen)
+    return out
 
 
 # ---- one quantised linear layer -----------------------------------------------------------------

@@ -182,8 +182,9 @@ def plot_weight_only(bits, groups, ppl, ppl_float, title=""):
         ax.minorticks_off()
     axes[0].set_ylabel("held-out perplexity" + (f"\n{title}" if title else ""))
     axes[0].legend(fontsize=7.5, loc="upper right")
-    from matplotlib.ticker import ScalarFormatter
+    from matplotlib.ticker import LogLocator, ScalarFormatter
     for ax in axes:
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 3.0, 5.0)))
         ax.yaxis.set_major_formatter(ScalarFormatter())
     return fig
 
