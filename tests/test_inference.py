@@ -348,3 +348,27 @@ def test_figures_draw():
     assert "memory-bound" in alt and "H100" in alt
     # batch 256 at context 512: the KV cache reads (intensity 1) keep even this step memory-bound
     assert "memory-bound" in figs.decode_roofline_alt(batch=256, context=512, gpu="A100 SXM 80GB")
+
+
+def test_new_figures_are_labelled():
+    from preln.figures import inference as figs
+    from preln.lm import LMConfig, TinyLM
+    from preln.paged import ContinuousBatcher, Request
+    from tests.figure_checks import assert_labelled
+    terms = {"standard": inf.attention_access_terms(256, 16, kind="standard"),
+             "FA1": inf.attention_access_terms(256, 16, 1024, "fa1"),
+             "FA2": inf.attention_access_terms(256, 16, 1024, "fa2")}
+    assert_labelled(figs.plot_attention_terms(terms))
+    models = [inf.PUBLISHED_MODELS["OPT-13B"], inf.PUBLISHED_MODELS["Llama 3 8B"]]
+    machines = {"toy (float32)": (inf.Roofline("toy", 50e9, 10e9), 4),
+                "H100": (inf.PUBLISHED["H100 SXM"], 2)}
+    assert_labelled(figs.plot_decode_ops(models, machines, 1024, batches=[1, 8, 64]))
+    lm = TinyLM(LMConfig(vocab_size=11, max_len=16, d_model=16, n_heads=2, d_ff=32), seed=0)
+    reqs = [Request(i, np.arange(3) % 11, 4, i) for i in range(3)]
+    a = ContinuousBatcher(lm, 8, 2).run(reqs)
+    b = ContinuousBatcher(lm, 1, 16).run(reqs)
+    assert_labelled(figs.plot_paged_memory(a, b, 2, 16, 512))
+    html = figs.bound_table_html({4: inf.op_traffic(CFG, 2, 32), 2: inf.op_traffic(CFG, 2, 32, itemsize=2)},
+                                 machines, "caption")
+    assert html.count("<tr>") == 1 + sum(1 for o in inf.op_traffic(CFG, 2, 32) if o.flops > 0)
+    assert "compute" in html and "memory" in html

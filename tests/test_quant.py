@@ -402,3 +402,17 @@ def test_int8_explorable_is_registered_and_honest():
     assert med(8, "per token + float outliers", 64) <= med(8, "per token", 64)
     assert med(4, "per token", 1) > med(8, "per token", 1)
     assert "int8" in fig.activation_error_alt(8, "per tensor", 64)
+
+
+def test_new_int8_figures_are_labelled():
+    from preln import inference as inf, qmatvec
+    from preln.figures import int8 as fig
+    from tests.figure_checks import assert_labelled
+    m = inf.PUBLISHED_MODELS["Llama 3 8B"]
+    assert_labelled(fig.plot_weight_bits_decode(m, {"H100": inf.PUBLISHED["H100 SXM"]}, [1, 8, 64], 512))
+    rows = [qmatvec.MatvecTiming("float32", 4000, 1e-3, 0.0), qmatvec.MatvecTiming("int8", 1000, 5e-4, 0.0)]
+    assert_labelled(fig.plot_matvec(rows, 4e6))
+    ppl = {(mth, b, g): 2.0 + 1.0 / b for mth in ("rtn", "gptq", "awq") for b in (3, 4) for g in (8, "row")}
+    assert_labelled(fig.plot_weight_only((3, 4), (8, "row"), ppl, 2.0))
+    clips = np.linspace(0.1, 1, 5)
+    assert_labelled(fig.plot_calibration(clips, {"8-bit": clips ** 2}, {"mse": (0.5, 0.25)}, 8))

@@ -279,7 +279,8 @@ def plot_decode_ops(models, machines, context, batches=None):
         kind = "multi-head" if model.group == 1 else f"grouped-query, {model.n_kv_heads} KV heads"
         ax.set_title(f"{model.name} ({kind}), context {context}", fontsize=9)
         ax.minorticks_off()
-    axes[0].set_ylabel("FLOPs per byte (16-bit)")
+    for ax in axes:
+        ax.set_ylabel("FLOPs per byte (16-bit)")
     axes[0].legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(0.0, 0.9))
     return fig
 
@@ -298,6 +299,7 @@ def plot_paged_memory(paged, reserved, block_size, max_len, bytes_per_position):
     ax.plot(steps, held, "-", color=PALETTE[0], lw=1.6, label=f"paged: blocks of {block_size} held")
     ax.fill_between(steps, 0, stored, color=PALETTE[2], alpha=0.35, lw=0, label="positions stored")
     ax.set_ylabel("KV cache (KiB)")
+    ax.set_xlabel("scheduler step")
     ax.legend(fontsize=7.5, loc="upper right")
     ax.set_title("the same running batch, two ways to hold its keys and values", fontsize=9)
     bx.step(steps, [len(r.running) for r in paged.steps], where="mid", color=PALETTE[0],

@@ -137,7 +137,8 @@ def plot_weight_bits_decode(model, roofs, batches, context, bits=(16, 8, 4), gro
         ax.set_xlabel("batch (sequences)")
         ax.set_title(f"{model.name} on {label}, context {context}", fontsize=9)
         ax.minorticks_off()
-    axes[0].set_ylabel("tokens per second (roofline bound)")
+    for ax in axes:
+        ax.set_ylabel("tokens per second (roofline bound)")
     axes[0].legend(fontsize=8, loc="upper left")
     return fig
 
@@ -180,7 +181,8 @@ def plot_weight_only(bits, groups, ppl, ppl_float, title=""):
         ax.set_xlabel("bits per weight")
         ax.set_title(f"groups of {g}" if g != "row" else "one scale per row", fontsize=9)
         ax.minorticks_off()
-    axes[0].set_ylabel("held-out perplexity" + (f"\n{title}" if title else ""))
+    for ax in axes:
+        ax.set_ylabel("held-out perplexity" + (f"\n{title}" if title else ""))
     axes[0].legend(fontsize=7.5, loc="upper right")
     from matplotlib.ticker import LogLocator, ScalarFormatter
     for ax in axes:
