@@ -37,8 +37,6 @@ def pytest_configure(config):
             "nbval-progress")
 
 
-def _notebook(nodeid):
-    return nodeid.split("::", 1)[0]
 
 
 class Progress:
@@ -51,24 +49,30 @@ class Progress:
         self.skipped = Counter()
         self.started = {}
         self.reported = set()
+        self.path_of = {}                      # item nodeid -> its notebook's path
 
     def write(self, text):
         os.write(self.fd, f"[{self.label}] {text}\n".encode())
 
+    def notebook(self, nodeid):
+        return self.path_of.get(nodeid) or nodeid.split("::", 1)[0]
+
     def pytest_collectreport(self, report):
         if report.failed:
-            self.write(f"{_notebook(report.nodeid)}: could not be collected"
+            where = str(getattr(report, "fspath", "") or report.nodeid)
+            self.write(f"{os.path.basename(where)}: could not be collected"
                        + (f"; see {self.log}" if self.log else ""))
 
     def pytest_collection_finish(self, session):
         for item in session.items:
-            self.total[_notebook(item.nodeid)] += 1
+            self.path_of[item.nodeid] = str(item.path)      # (nodeids drop the path of files outside rootdir)
+            self.total[self.path_of[item.nodeid]] += 1
 
     def pytest_runtest_logstart(self, nodeid, location):
-        self.started.setdefault(_notebook(nodeid), time.monotonic())
+        self.started.setdefault(self.notebook(nodeid), time.monotonic())
 
     def pytest_runtest_logreport(self, report):
-        nb = _notebook(report.nodeid)
+        nb = self.notebook(report.nodeid)
         name = report.nodeid.split("::", 1)[-1]
         if report.failed and name not in self.failed[nb]:
             self.failed[nb].append(name)
@@ -76,7 +80,7 @@ class Progress:
             self.skipped[nb] += 1
 
     def pytest_runtest_logfinish(self, nodeid, location):
-        nb = _notebook(nodeid)
+        nb = self.notebook(nodeid)
         self.done[nb] += 1
         if self.done[nb] == self.total[nb]:
             self.finish(nb)

@@ -32,6 +32,8 @@ def run_nbval(tmp_path, *notebooks, extra=()):
     with open(log, "w") as fh:
         p = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                               "-p", "tests.nbval_progress", "--nbval", "--nbval-current-env",
+                              "--nbval-sanitize-with", str(ROOT / "tests" / "nbval_sanitize.cfg"),   # as the Makefile
+                              f"--rootdir={tmp_path}",    # (pytest's node ids of files outside rootdir lose their path)
                               f"--progress-fd={write}", "--progress-label=nbval test", f"--progress-log={log}",
                               *extra, *map(str, notebooks)],
                              cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, pass_fds=(write,))
@@ -73,7 +75,7 @@ def test_without_the_option_it_is_silent(tmp_path):
 
 def test_makefile_uses_the_plugin_and_streams_lines():
     makefile = (ROOT / "Makefile").read_text()
-    assert "-p tests.nbval_progress --progress-fd=3" in makefile and "3>&1 > _build/nbval/$*.log" in makefile
+    assert "-p tests.nbval_progress --progress-fd=3" in makefile and "$(NOTEBOOKS) 3>&1 > _build/nbval/$*.log" in makefile
     # --output-sync would hold every line back until a kernel's whole run is over
     recipe = makefile[makefile.index("test-notebooks: install"):makefile.index("test-notebooks-busy:")]
     assert "--output-sync" not in recipe and "-j2" in recipe
