@@ -32,6 +32,7 @@ import concurrent.futures
 import hashlib
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -57,6 +58,10 @@ print("{PROBE_TAG}", _j.dumps({{"file": _p.__file__, "version": _p.__version__, 
       "pythonpath": _o.environ.get("PYTHONPATH"), "data": str(_d("corpus.txt")), "cwd": _o.getcwd()}}))
 """
 CELL_TIMEOUT = 600
+# The venvs' own installs skip byte-compiling every module of numpy, scipy, matplotlib ... (half of
+# pip's CPU time): Python compiles what is imported when it is imported; nothing else differs. The
+# notebooks' own installs (the bootstrap's) run exactly as a learner's do.
+NO_COMPILE = ["--no-compile"]
 
 
 class Failure(Exception):
@@ -181,7 +186,7 @@ def build_wheel(work):
 def check_plain(work, wheel, version):
     logfile = OUT / "plain.log"
     py = make_venv(work / "plain", logfile)
-    run([py, "-m", "pip", "install", "-q", wheel], logfile=logfile, env=clean_env())
+    run([py, "-m", "pip", "install", "-q", *NO_COMPILE, wheel], logfile=logfile, env=clean_env())
     outside = work / "empty-plain"
     outside.mkdir()
     p = subprocess.run([py, "-m", "preln"], cwd=outside, env=clean_env(), capture_output=True, text=True,
@@ -235,6 +240,9 @@ def execute_one(args):
     except (CellExecutionError, CellTimeoutError, DeadKernelError) as e:
         summary["error"] = f"{type(e).__name__}: {str(e)[-4000:]}"
     summary["seconds"] = round(time.monotonic() - t0, 1)
+    # CPU time of the kernel and what it ran (pip, the numba compiler): the cost on an idle machine
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    summary["cpu_seconds"] = round(usage.ru_utime + usage.ru_stime, 1)
     code = [c for c in nb.cells if c.cell_type == "code"]
     summary["bootstrap_output"] = "".join(o.get("text", "") for o in code[0].get("outputs", [])
                                           if o.get("output_type") == "stream")
@@ -301,15 +309,16 @@ def judge(summary, *, expect_install, venv, version, expect_file=None):
 def setup_colab(work):
     logfile = OUT / "colab-venv.log"
     py = make_venv(work / "colab-base", logfile)
-    run([py, "-m", "pip", "install", "-q", *COLAB_PACKAGES], logfile=logfile, env=clean_env())
+    run([py, "-m", "pip", "install", "-q", *NO_COMPILE, *COLAB_PACKAGES], logfile=logfile, env=clean_env())
     return work / "colab-base"
 
 
 def installed(python):
-    """{name: version} of what a venv's interpreter sees as installed."""
-    out = subprocess.run([str(python), "-c", "import importlib.metadata as m, json; "
+    """{name: version} of what a venv's interpreter sees as installed (run outside the checkout,
+    whose preln.egg-info would otherwise count)."""
+    out = subprocess.run([str(python), "-I", "-c", "import importlib.metadata as m, json; "
                           "print(json.dumps({d.metadata['Name'].lower(): d.version for d in m.distributions()}))"],
-                         capture_output=True, text=True, check=True, env=clean_env())
+                         capture_output=True, text=True, check=True, env=clean_env(), cwd=Path(python).parent)
     return json.loads(out.stdout)
 
 
@@ -363,10 +372,10 @@ def setup_binder(work):
         raise Failure(f"binder/runtime.txt: expected python-X.Y; got {runtime!r}")
     py = make_venv(work / "binder", logfile, python=base_python(runtime.split("-", 1)[1]))
     # as repo2docker does: pip install -r binder/requirements.txt, run in the checkout (-e . is it)
-    run([py, "-m", "pip", "install", "-q", "-r", ROOT / "binder" / "requirements.txt"], cwd=ROOT,
+    run([py, "-m", "pip", "install", "-q", *NO_COMPILE, "-r", ROOT / "binder" / "requirements.txt"], cwd=ROOT,
         logfile=logfile, env=clean_env(PIP_CONSTRAINT=None))
     # repo2docker's base environment has the kernel; the pins of requirements.txt choose its version
-    run([py, "-m", "pip", "install", "-q", "ipykernel"], logfile=logfile, env=clean_env())
+    run([py, "-m", "pip", "install", "-q", *NO_COMPILE, "ipykernel"], logfile=logfile, env=clean_env())
     return work / "binder"
 
 
@@ -464,7 +473,8 @@ def main(argv=None):
                         problems = judge(summary, version=version, **expectations)
                     except Exception as e:        # a job that could not even start its notebook
                         summary, problems = {"seconds": None}, [f"{type(e).__name__}: {e}"]
-                    secs = f"{summary['seconds']:.0f} s" if summary.get("seconds") is not None else "-"
+                    secs = (f"{summary['seconds']:.0f} s, CPU {summary.get('cpu_seconds', 0):.0f} s"
+                            if summary.get("seconds") is not None else "-")
                     if problems:
                         failures.append(f"{label}: " + "\n    ".join(problems))
                         log(f"{label}: FAILED ({secs})\n    " + "\n    ".join(p[-2500:] for p in problems))
@@ -487,6 +497,8 @@ def main(argv=None):
     if litter:
         failures.append(f"executing the chapters from book/ left new files there: {litter}")
     total = time.monotonic() - t_start
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    timings["CPU time of all it ran"] = children.ru_utime + children.ru_stime
     (OUT / "timings.json").write_text(json.dumps({k: round(v, 1) for k, v in timings.items()} | {"total": round(total, 1)}, indent=1))
     steps_run = ", ".join(steps)
     if failures:
