@@ -58,10 +58,11 @@ Which module serves which chapter (the chapters are the notebooks ``book/<chapte
 """
 from .block import KVCache, PreLNTransformerBlock, TransformerBlock, default_heads, param_shapes
 from .config import BlockConfig
+from .llama import LlamaBlock, LlamaConfig, LlamaKVCache
 from .precision import NAIVE, SAFE, Overflow, Policy, SUPPORTED_DTYPES, Watch
 from .stack import StackKVCache, TransformerStack
 
 __version__ = "0.2.0"
 __all__ = ["BlockConfig", "TransformerBlock", "PreLNTransformerBlock", "Policy", "SAFE", "NAIVE",
            "Overflow", "Watch", "TransformerStack", "KVCache", "StackKVCache", "SUPPORTED_DTYPES",
-           "default_heads", "param_shapes"]
+           "default_heads", "param_shapes", "LlamaBlock", "LlamaConfig", "LlamaKVCache"]
