@@ -33,6 +33,7 @@ ASSIGNMENTS = sorted((ROOT / "assignments" / "release").glob("*/*.ipynb"))
 # imports that are optional by design, each guarded by try/except ImportError where it occurs
 OPTIONAL_IMPORTS = {
     "torch": "the PyTorch reference of the benchmark and tests, never a dependency",
+    "transformers": "the LlamaDecoderLayer reference of the benchmark and tests, never a dependency",
     "myst_nb": "preln.nb.glue falls back to showing the value without the book's toolchain",
 }
 # what binder/ must not carry: tests, the site's build stack, packaging tools
