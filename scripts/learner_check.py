@@ -239,6 +239,9 @@ def execute_one(args):
         client.execute()
     except (CellExecutionError, CellTimeoutError, DeadKernelError) as e:
         summary["error"] = f"{type(e).__name__}: {str(e)[-4000:]}"
+    finally:
+        if km.has_kernel:          # nbclient leaves a kernel it was handed running: stop it
+            km.shutdown_kernel(now=False)
     summary["seconds"] = round(time.monotonic() - t0, 1)
     # CPU time of the kernel and what it ran (pip, the numba compiler): the cost on an idle machine
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
