@@ -32,10 +32,20 @@ Which module serves which chapter (the chapters are the notebooks ``book/<chapte
         format limits, overflow thresholds, the residual stream's growth, loss scaling
     preln.quant             int8
         INT8 quantisation: scales, rounding, clamping, exact int32 accumulation, outliers
+    preln.groupquant        int8
+        weight-only 4-bit and 8-bit quantisation in groups along the input axis (round to nearest)
+    preln.gptq              int8
+        GPTQ: column-by-column rounding that corrects the remaining columns with the inverse Hessian
+    preln.awq               int8
+        AWQ: per-channel scales chosen from activation magnitudes before rounding
+    preln.qmatvec           int8, inference
+        quantised matrix-vector kernels: why int8 and 4-bit weights decode faster
     preln.pretrained        int8, inference, modern_block
         reference_lm(): the small trained character LM
     preln.inference         inference
-        the roofline, bytes per op, attention I/O, decoding with the KV cache
+        the roofline, bytes per op, attention I/O (FlashAttention 1 and 2), prefill and decode costs
+    preln.paged             inference
+        a paged KV cache (block tables) and continuous batching
     preln.stack             preln_vs_postln, derivation_block, inference
         a stack of blocks (TransformerStack)
     preln.lm                preln_vs_postln
