@@ -9,11 +9,14 @@
 #   make test-learner    what a learner does: the wheel in fresh venvs outside the checkout, each chapter
 #                        alone in an empty folder (Colab-like), every chapter from book/ in Binder's env
 #   make test-site       build the site, then drive every page with headless Chromium
-#   make test-course     the course edition: assignments run, release up to date, fixtures grade right
+#   make test-course     the course edition: assignments run, release up to date, the sandbox holds,
+#                        the fixture class (honest, cheating, hostile) grades right, mutation >= 90 %
 #   make assignments     student notebooks assignments/release/ from assignments/source/ (nbgrader)
-#   make grade SUBMISSIONS=<dir> [ROSTER=<csv>]   autograde into _build/grades/<assignment>.csv
-#                        (GRADE_ARGS="--timeout 60 --mem-mb 2048 --cpu-s 600": per-cell and kernel caps)
-#   make mutation        the fraction of mutated solutions each assignment's tests catch
+#   make grade SUBMISSIONS=<dir> [ROSTER=<csv>] [JOBS=N]   autograde, sandboxed (bubblewrap), into
+#                        _build/grades/<assignment>.csv, N students at a time (default: the cores)
+#                        (GRADE_ARGS="--timeout 60 --mem-mb 2048 --cpu-s 600 --no-sandbox": the caps)
+#   make mutation        the fraction of mutated solutions each assignment's hidden checks catch
+#   make bench-grading   seconds per notebook grading a class of 100 fixture students x 7 assignments
 #   make lab             JupyterLab on book/ with preln importable and MyST rendered (jupyterlab-myst)
 #   make notebooks       re-execute every notebook in book/ in place (stores fresh outputs)
 #   make bench           the benchmark table
@@ -34,7 +37,7 @@ BUILD  := $(BIN)/jupyter-book build --all -W -n --keep-going .
 ONE_THREAD := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 .PHONY: install book test test-unit test-notebooks test-notebooks-busy test-learner test-site lab notebooks bench vendor clean \
-        install-course assignments grade mutation test-course
+        install-course assignments grade mutation test-course bench-grading
 
 $(STAMP): requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 is needed, found " + sys.version'
@@ -122,15 +125,24 @@ install-course: $(COURSE_STAMP)
 assignments: $(COURSE_STAMP)
 	$(ONE_THREAD) $(BIN)/python scripts/course/release.py
 
+# students graded at a time by `make grade` (each in a worker process and a bubblewrap sandbox)
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+
 grade: $(COURSE_STAMP)
-	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=<dir> [ROSTER=<csv>]"; exit 2; }
-	$(ONE_THREAD) $(BIN)/python scripts/course/grade.py "$(SUBMISSIONS)" $(if $(ROSTER),--roster "$(ROSTER)") $(GRADE_ARGS)
+	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=<dir> [ROSTER=<csv>] [JOBS=N]"; exit 2; }
+	$(ONE_THREAD) $(BIN)/python scripts/course/grade.py "$(SUBMISSIONS)" --jobs $(JOBS) $(if $(ROSTER),--roster "$(ROSTER)") $(GRADE_ARGS)
 
 mutation: install
 	$(ONE_THREAD) $(BIN)/python scripts/course/mutate.py --per-question
 
 test-course: $(COURSE_STAMP)
 	$(ONE_THREAD) $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_course.py tests/test_course_*.py
+
+# seconds per notebook for a class of BENCH_STUDENTS fixture students x 7 assignments, graded at
+# JOBS=1 and JOBS=2 (long: about an hour at the full size on two cores); prints a table
+BENCH_STUDENTS ?= 100
+bench-grading: $(COURSE_STAMP)
+	$(ONE_THREAD) $(BIN)/python scripts/course/bench_grading.py --students $(BENCH_STUDENTS)
 
 test-site: book
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m browser tests/browser

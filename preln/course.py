@@ -1,118 +1,570 @@
-"""Helpers for the course edition's assignments (``assignments/source/*``, graded with nbgrader).
+"""The hidden checks of the course's graded assignments (``assignments/``, nbgrader).
 
-The hidden tests of an assignment call :func:`assert_does_not_use` so that an answer which merely
-calls ``preln``'s own implementation of the function asked for gets no credit:
+A question's tests cell ends with a hidden region (``### BEGIN HIDDEN TESTS``) that the grader
+runs *outside* the student's kernel, with the full package. It reads like a test::
 
-    assert_does_not_use(layer_norm_forward, ["layer_norm_forward", "layer_norm_backward"])
+    from preln.course import check, close, no_credit_for
+    from preln import ops as ref
 
-It reads the names the answer's compiled code refers to (globals, attributes, imports), the same
-for every nested function, closure and helper function defined in the notebook that it calls, and
-fails if any of them is a forbidden name that does not resolve to the student's own code. It is a
-static check of names: a determined student can hide a call (``getattr`` with a computed string,
-``eval``); it exists to withhold credit from the obvious shortcut, not to police cheating.
+    no_credit_for("preln.ops.layer_norm_forward")          # not importable while it is graded
+    rng = np.random.default_rng(1001)
+    for shape in [(5, 5), (2, 3, 7)]:
+        x = rng.standard_normal(shape)
+        g, b = rng.standard_normal(shape[-1]), rng.standard_normal(shape[-1])
+        want = ref.layer_norm_forward(x, g, b)[0]
+        check(f"a random {shape} float64 input", layer_norm_forward(x, g, b),
+              close(want, rtol=TOL, what="y"))
+
+When the grader runs it, ``layer_norm_forward`` is a stand-in: calling it records the call (its
+arguments, copied as data), and :func:`check` records the expectations. The calls are then made
+in the student's sandboxed kernel on these inputs, the results come back as data (arrays, numbers,
+strings, containers; never objects), and the expectations are evaluated here, in the grader's
+process, where the student's code cannot reach them. In the instructor's own kernel (the source
+notebook run top to bottom) ``layer_norm_forward`` is the real function and :func:`check` evaluates
+at once, raising AssertionError with the message a student would get.
+
+Expectations: :class:`close` (named float tolerances), :class:`equal` (exact: integers, booleans,
+strings, and floats where the question says "bit for bit"), :class:`raises`, :class:`satisfies`
+(a predicate of the returned value), :class:`unchanged` and :class:`arg_after` (the arguments after
+the call; need :func:`call`). Every failure message names the input (``what`` of :func:`check`)
+and the property checked, never the expected value. Conventions: assignments/CONVENTIONS.md.
 """
-import dis
-import inspect
-import types
+from __future__ import annotations
 
-__all__ = ["names_used", "assert_does_not_use"]
+import copy
+import math
+import numbers
+import warnings
 
+import numpy as np
 
-def _code_objects(code):  # code -> every code object nested in it (lambdas, inner defs, comprehensions)
-    yield code
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            yield from _code_objects(const)
+__all__ = ["check", "call", "call_strict", "close", "equal", "raises", "satisfies", "unchanged",
+           "arg_after", "returns", "code", "no_credit_for", "grading_view", "Outcome", "Call", "Expectation"]
 
-
-def _is_students(obj, home_module):
-    """True for a plain function defined where the answer was (the notebook), not in a library."""
-    return isinstance(obj, types.FunctionType) and obj.__module__ == home_module
+#: the grader installs its collector here while it runs a hidden region (scripts/course/checks.py)
+_PLAN = None
 
 
-def names_used(fn):
-    """Every ``(name, object)`` that ``fn`` (recursively) refers to; object None for an attribute.
+# ---- what a call produced --------------------------------------------------------------------
+class Outcome:
+    """What one call of a student's function produced.
 
-    fn: a Python function (or a callable object whose class defines __call__ in the notebook).
-    Follows globals, closure cells and default arguments that are functions defined in the same
-    module as ``fn`` (for a notebook: ``__main__``); library objects are recorded, not entered.
+    kind: "value" (returned ``value``), "raised" (``exc_type`` and ``message``), "missing" (no such
+    function in the notebook), "timeout", "died" (the kernel died during the call), "skipped" (not
+    run), "unsupported" (returned an object that is not data: ``message`` names its type).
+    ``args_before``/``args_after``: (args, kwargs) before and after the call, when kept.
     """
+
+    def __init__(self, kind, value=None, exc_type=None, message="", args_before=None, args_after=None):
+        self.kind, self.value, self.exc_type, self.message = kind, value, exc_type, message
+        self.args_before, self.args_after = args_before, args_after
+
+    def __repr__(self):
+        return f"Outcome({self.kind}, {self.exc_type or ''}{self.message[:40]!r})"
+
+    def problem(self):
+        """None if the call returned a value, else a sentence saying what happened instead."""
+        if self.kind == "value":
+            return None
+        return {
+            "raised": lambda: f"your function raised {self.exc_type}: {self.message}".rstrip(": "),
+            "missing": lambda: f"the notebook defines no function `{self.message}` (do not rename it)",
+            "timeout": lambda: f"the call did not return within the time limit ({self.message})",
+            "died": lambda: "the kernel died during the call (os._exit, a crash, or the memory cap)",
+            "skipped": lambda: f"not run ({self.message})",
+            "unsupported": lambda: f"it returned {self.message}, which is not data (arrays, numbers, "
+                                   "strings, None, tuples, lists, dicts)",
+        }.get(self.kind, lambda: f"no result ({self.kind}: {self.message})")()
+
+
+class Call:
+    """A recorded call of a student's function (grader side). Made by the grader's stand-ins."""
+
+    def __init__(self, fn, args, kwargs, keep_args=False, errstate=None):
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+        self.keep_args, self.errstate = keep_args, errstate
+
+
+def _is_stand_in(fn):
+    return getattr(fn, "_preln_answer", False) is True
+
+
+def call(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` as a check's subject, keeping the arguments as they are after the
+    call (for :class:`unchanged` and :class:`arg_after`) and a raised exception (for :class:`raises`)."""
+    return _call(fn, args, kwargs, errstate=None)
+
+
+#: call_strict's numpy error state: overflow, invalid results and division by zero raise
+STRICT_FP = {"over": "raise", "invalid": "raise", "divide": "raise"}
+
+
+def call_strict(fn, *args, **kwargs):
+    """Like :func:`call`, with numpy's floating-point errors raised (overflow, invalid, divide by
+    zero; underflow stays silent): an answer that overflows internally raises FloatingPointError."""
+    return _call(fn, args, kwargs, errstate=dict(STRICT_FP))
+
+
+def _call(fn, args, kwargs, errstate):
+    if _is_stand_in(fn):
+        return fn._record(args, kwargs, keep_args=True, errstate=errstate)
     if not callable(fn):
-        raise TypeError(f"fn: expected a function; got {type(fn).__name__}")
-    if not isinstance(fn, types.FunctionType):
-        call = getattr(type(fn), "__call__", None)
-        if not isinstance(call, types.FunctionType):
-            raise TypeError(f"fn: expected a Python function; got {type(fn).__name__} "
-                            "(a builtin or library object has no source to inspect)")
-        fn = call
-    home = fn.__module__
-    found, seen, todo = {}, set(), [fn]          # (name, id(obj)) -> (name, obj)
-    while todo:
-        f = todo.pop()
-        if id(f) in seen:
-            continue
-        seen.add(id(f))
-        env = dict(f.__globals__)
-        if f.__closure__:
-            env.update({name: cell.cell_contents for name, cell in
-                        zip(f.__code__.co_freevars, f.__closure__) if _cell_filled(cell)})
-        for default in (f.__defaults__ or ()) + tuple((f.__kwdefaults__ or {}).values()):
-            if _is_students(default, home):
-                todo.append(default)
-        for code in _code_objects(f.__code__):
-            for name, is_lookup in _references(code):
-                obj = env.get(name) if is_lookup else None   # an attribute is never the student's
-                found.setdefault((name, id(obj)), (name, obj))
-                if _is_students(obj, home):
-                    todo.append(obj)
-                elif isinstance(obj, type) and obj.__module__ == home:   # a class in the notebook
-                    todo.extend(v for v in vars(obj).values() if isinstance(v, types.FunctionType))
-    return list(found.values())
+        raise TypeError(f"fn: expected the function to call; got {type(fn).__name__}")
+    before = copy.deepcopy((args, kwargs))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            if errstate:
+                with np.errstate(**errstate):
+                    value = fn(*args, **kwargs)
+            else:
+                value = fn(*args, **kwargs)
+        except Exception as e:                              # noqa: BLE001: the outcome of the call
+            return Outcome("raised", exc_type=type(e).__name__, message=_first_line(e),
+                           args_before=before, args_after=(args, kwargs))
+    return Outcome("value", value, args_before=before, args_after=(args, kwargs))
 
 
-_LOOKUPS = {"LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_FROM_DICT_OR_DEREF",
-            "LOAD_FROM_DICT_OR_GLOBALS"}
+def _first_line(e):
+    text = str(e).strip().split("\n")[0]
+    return text[:200]
 
 
-def _references(code):  # code -> (name, True for a global/closure lookup, False for an attribute/import)
-    for ins in dis.get_instructions(code):
-        if ins.opname in _LOOKUPS:
-            yield ins.argval, True
-        elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD", "LOAD_SUPER_ATTR", "IMPORT_NAME",
-                            "IMPORT_FROM", "STORE_ATTR"):
-            yield ins.argval, False
+# ---- the check -------------------------------------------------------------------------------
+def check(what, subject, *expectations):
+    """One hidden check: ``subject`` (a call of the student's function) must meet every expectation.
 
-
-def _cell_filled(cell):
-    try:
-        cell.cell_contents
-    except ValueError:           # an empty closure cell (a name assigned after the inner def)
-        return False
-    return True
-
-
-def assert_does_not_use(fn, forbidden):
-    """Fail (AssertionError) if ``fn`` refers to any name in ``forbidden`` that is not its own code.
-
-    fn:        the student's answer (a function defined in the notebook).
-    forbidden: names of the library functions that implement what the question asks for, e.g.
-               ``["softmax", "softmax_forward"]``. A forbidden name is allowed only when it
-               resolves to a function defined in the notebook (the student's own ``softmax``).
-               Library objects are also caught under another name (``from preln.ops import
-               softmax as sm``), by their ``__name__``.
+    - what: the input, as the student reads it in a failure message ("a (2, 3) float16 input
+      with a fully masked row") — never the expected value.
+    - subject: ``answer(...)`` or ``call(answer, ...)``.
+    - expectations: :class:`close`, :class:`equal`, :class:`raises`, ... (at least one).
     """
-    if isinstance(forbidden, str):
-        raise TypeError("forbidden: expected a list of names; got the string "
-                        f"{forbidden!r} (write [{forbidden!r}])")
-    forbidden = set(forbidden)
-    home = fn.__module__ if isinstance(fn, types.FunctionType) else type(fn).__module__
-    bad = []
-    for name, obj in names_used(fn):
-        if _is_students(obj, home):
-            continue
-        lib_name = getattr(obj, "__name__", None) if obj is not None else None
-        if name in forbidden or (lib_name in forbidden and not inspect.ismodule(obj)):
-            where = getattr(obj, "__module__", None) or "an attribute or import"
-            bad.append(f"{name} ({where})")
-    assert not bad, (f"{getattr(fn, '__name__', fn)} must implement this itself; it uses "
-                     + ", ".join(sorted(bad)) + ". No credit for calling the library's version.")
+    if not isinstance(what, str) or not what.strip():
+        raise TypeError(f"what: expected a description of the input; got {what!r}")
+    if not expectations:
+        raise TypeError("check: give at least one expectation (close, equal, raises, satisfies, ...)")
+    for e in expectations:
+        if not isinstance(e, Expectation):
+            raise TypeError(f"expectations: expected close(...), equal(...), ...; got {type(e).__name__}")
+    if isinstance(subject, Call):
+        if _PLAN is None:
+            raise RuntimeError("check: a recorded call outside the grader")
+        _PLAN.add(what, subject, expectations)
+        return
+    outcome = subject if isinstance(subject, Outcome) else Outcome("value", subject)
+    failures = verify(outcome, expectations)
+    if failures:
+        raise AssertionError(f"hidden check on {what}: " + "; ".join(failures))
+
+
+def verify(outcome, expectations):
+    """The failure messages of ``expectations`` on ``outcome`` (empty when every one holds)."""
+    out = []
+    for e in expectations:
+        msg = e.verify(outcome)
+        if msg:
+            out.append(msg)
+    return out
+
+
+def code(text, **env):
+    """A function written as source text, for an answer that takes a function as input, e.g.
+    ``code("lambda v: not np.isfinite(np.exp(v)).all()")``; ``env`` binds extra names (data).
+    The grader sends the text into the sandbox, where it is rebuilt with ``np``, ``math`` and
+    ``ml_dtypes`` in scope; here it is that function."""
+    if not isinstance(text, str) or not text.strip().startswith("lambda"):
+        raise TypeError(f"text: expected the source of a lambda; got {text!r}")
+    namespace = {"np": np, "math": math, **env}
+    try:
+        import ml_dtypes
+        namespace["ml_dtypes"] = ml_dtypes
+    except ImportError:                                      # pragma: no cover (a dependency)
+        pass
+    fn = eval(text, namespace)                               # noqa: S307: the instructor's own code
+    fn._preln_source = (text, dict(env))
+    return fn
+
+
+def no_credit_for(*references):
+    """Declare the package's implementations of what the question asks (import paths such as
+    ``"preln.ops.softmax"`` or ``"preln.TransformerBlock.backward"``). While the question is graded
+    they are not importable in the student's sandbox (their modules are left out of its view of
+    the package), and an answer whose code names one of them gets no credit. No effect when the
+    source notebook runs in the instructor's kernel."""
+    for r in references:
+        if not isinstance(r, str) or not r.startswith("preln."):
+            raise TypeError(f"references: expected import paths such as 'preln.ops.softmax'; got {r!r}")
+    if _PLAN is not None:
+        _PLAN.no_credit_for(references)
+
+
+def grading_view(*modules, without=()):
+    """The modules of ``preln`` the student's code may use while this question is graded (e.g.
+    ``grading_view("preln.config", "preln.ops", without=["preln.ops.dropout"])``); a package
+    brings its submodules. By default a question sees none: ``import preln...`` works, but every
+    name in it is a stand-in that raises when used. Questions with the same view share one run of
+    the notebook. No effect in the instructor's kernel."""
+    for m in (*modules, *without):
+        if not isinstance(m, str) or not (m == "preln" or m.startswith("preln.")):
+            raise TypeError(f"modules: expected module names such as 'preln.ops'; got {m!r}")
+    if _PLAN is not None:
+        _PLAN.grading_view(modules, without)
+
+
+# ---- expectations ----------------------------------------------------------------------------
+class Expectation:
+    """The base of every expectation of :func:`check` (close, equal, raises, satisfies, returns,
+    unchanged, arg_after): ``verify(outcome)`` returns a failure message, or None when it holds."""
+
+    needs_args = False
+
+    def __init__(self, what, part):
+        self.what, self.part = what, part
+
+    def verify(self, outcome):                   # -> failure message or None
+        problem = outcome.problem()
+        if problem:
+            return f"{self.what}: {problem}"
+        try:
+            value = _get_part(outcome.value, self.part)
+        except LookupError as e:
+            return f"{self.what}: {e}"
+        return self.test(value)
+
+    def test(self, value):
+        raise NotImplementedError
+
+
+def _get_part(value, part):
+    if part is None:
+        return value
+    path = part if isinstance(part, tuple) else (part,)
+    for key in path:
+        if isinstance(key, int) and isinstance(value, (tuple, list)):
+            if not -len(value) <= key < len(value):
+                raise LookupError(f"the result has no item [{key}] (it has {len(value)} items)")
+            value = value[key]
+        elif isinstance(value, dict):
+            if key not in value:
+                raise LookupError(f"the result has no key {key!r}")
+            value = value[key]
+        else:
+            raise LookupError(f"expected a tuple, list or dict holding item [{key!r}]; got {_kind(value)}")
+    return value
+
+
+def _kind(v):
+    if isinstance(v, np.ndarray):
+        return f"a {v.dtype} array of shape {v.shape}"
+    if isinstance(v, (bool, np.bool_)):
+        return "a bool"
+    if isinstance(v, np.generic):
+        return f"a numpy {v.dtype} scalar"
+    if isinstance(v, numbers.Integral):
+        return "an int"
+    if isinstance(v, numbers.Real):
+        return "a float"
+    if v is None:
+        return "None"
+    if isinstance(v, dict):
+        return f"a dict with {len(v)} keys"
+    if isinstance(v, (tuple, list)):
+        return f"a {type(v).__name__} of {len(v)} items"
+    return f"a {type(v).__name__}"
+
+
+def _is_number(v):
+    return isinstance(v, (numbers.Number, np.number)) and not isinstance(v, (bool, np.bool_))
+
+
+# close and equal: the result has the structure of ``expected``, compared leaf by leaf; ``e`` is
+# the expectation (its flags, and its ``_values`` for the leaves)
+def _walk(e, got, want, name):
+    if isinstance(want, dict):
+        if not isinstance(got, dict):
+            return f"{name}: {_kind(got)}, expected a dict"
+        if set(got) != set(want):
+            missing, extra = sorted(map(str, set(want) - set(got))), sorted(map(str, set(got) - set(want)))
+            return (f"{name}: the keys differ" + (f"; missing {', '.join(missing[:6])}" if missing else "")
+                    + (f"; unexpected {', '.join(extra[:6])}" if extra else ""))
+        for k in want:
+            msg = _walk(e, got[k], want[k], f"{name}[{k!r}]")
+            if msg:
+                return msg
+        return None
+    if isinstance(want, (tuple, list)):
+        if not isinstance(got, (tuple, list)):
+            return f"{name}: {_kind(got)}, expected a {type(want).__name__} of {len(want)} items"
+        if len(got) != len(want):
+            return f"{name}: {len(got)} items, expected {len(want)}"
+        for i, (g, w) in enumerate(zip(got, want)):
+            msg = _walk(e, g, w, f"{name}[{i}]")
+            if msg:
+                return msg
+        return None
+    if isinstance(want, np.ndarray):
+        return _array(e, got, want, name)
+    if want is None:
+        return None if got is None else f"{name}: {_kind(got)}, expected None"
+    if isinstance(want, (bool, np.bool_)):
+        if not isinstance(got, (bool, np.bool_)):
+            return f"{name}: {_kind(got)}, expected a bool"
+        return None if bool(got) == bool(want) else f"{name}: the wrong truth value"
+    if isinstance(want, str):
+        if not isinstance(got, str):
+            return f"{name}: {_kind(got)}, expected a string"
+        return None if got == want else f"{name}: not the expected string"
+    if _is_number(want):
+        return _scalar(e, got, want, name)
+    raise TypeError(f"expected: cannot compare with a {type(want).__name__}")
+
+def _scalar(e, got, want, name):
+    if not e.strict_type and isinstance(got, np.ndarray) and got.shape == ():
+        got = got[()]
+    if not _is_number(got):
+        return f"{name}: {_kind(got)}, expected a number"
+    if e.exact and isinstance(want, (numbers.Integral, np.integer)) and e.strict_type \
+            and not isinstance(got, (numbers.Integral, np.integer)):
+        return f"{name}: {_kind(got)}, expected an integer"
+    if e.dtype and isinstance(want, np.generic) and e.strict_type:
+        gdt = got.dtype if isinstance(got, np.generic) else None
+        if gdt != want.dtype:
+            return f"{name}: {_kind(got)}, expected a numpy {want.dtype} scalar"
+    return e._values(np.asarray(got), np.asarray(want), name)
+
+def _array(e, got, want, name):
+    if not isinstance(got, np.ndarray) or type(got) is not np.ndarray:
+        if e.strict_type or not (_is_number(got) or isinstance(got, (np.ndarray, list, tuple, bool, np.bool_))):
+            return f"{name}: {_kind(got)}, expected an array"
+        try:
+            got = np.asarray(got)
+        except Exception:                               # noqa: BLE001: a ragged list, say
+            return f"{name}: {_kind(got)}, expected an array"
+    if got.shape != want.shape:
+        return f"{name}: shape {got.shape}, expected {want.shape}"
+    if e.dtype and got.dtype != want.dtype:
+        return f"{name}: dtype {got.dtype}, expected {want.dtype}"
+    if got.dtype.kind not in "biufc" and not _is_ml_dtype(got.dtype):
+        return f"{name}: dtype {got.dtype} is not numeric"
+    return e._values(got, want, name)
+
+
+def _is_ml_dtype(dt):
+    return dt.kind == "V" and dt.names is None and dt.itemsize in (1, 2) and "float" in str(dt)
+
+
+def _as_float(a):
+    """A numeric array as float64 (complex stays complex; bfloat16 / float8 convert exactly)."""
+    if a.dtype.kind == "c":
+        return a.astype(np.complex128)
+    return a.astype(np.float64)
+
+
+class close(Expectation):
+    """The result equals ``expected`` within a tolerance: ``|got - want| <= atol + rtol |want|``
+    entry by entry (NaN where the reference has NaN, inf of the same sign where it has inf).
+
+    - expected: the reference value: an array, a number, or a tuple/list/dict of them.
+    - rtol, atol: the tolerances (pass named constants; say in the prompt what they allow).
+    - what: what the result is, for the failure message ("y", "the scale").
+    - part: compare only this item of the result (an index, a key, or a tuple of them).
+    - dtype: arrays (and numpy scalars) must have the reference's dtype (default True).
+    - strict_type: an array must be returned as an ndarray, a number as a number (default True);
+      False also accepts array-likes (a 0-d array for a number, a list for an array).
+    """
+
+    exact = False
+
+    def test(self, value):
+        return _walk(self, value, self.expected, self.what)
+
+    def __init__(self, expected, rtol=1e-7, atol=0.0, what="the result", part=None, dtype=True,
+                 strict_type=True):
+        Expectation.__init__(self, what, part)
+        self.expected, self.dtype, self.strict_type = copy.deepcopy(expected), dtype, strict_type
+        if not (rtol >= 0 and atol >= 0):
+            raise ValueError(f"rtol, atol: expected tolerances >= 0; got {rtol}, {atol}")
+        self.rtol, self.atol = rtol, atol
+
+    def _values(self, got, want, name):
+        g, w = _as_float(got), _as_float(want)
+        with np.errstate(all="ignore"):
+            nan_g, nan_w = np.isnan(g), np.isnan(w)
+            if np.any(nan_g != nan_w):
+                n = int(np.sum(nan_g & ~nan_w))
+                return (f"{name}: NaN in {n} entries where the reference is a number" if n
+                        else f"{name}: a number where the reference is NaN")
+            inf_w = np.isinf(w)
+            if np.any(np.isinf(g) != inf_w) or np.any(g[inf_w] != w[inf_w]):
+                return f"{name}: inf/-inf entries differ from the reference's"
+            ok = ~(nan_w | inf_w)
+            diff = np.abs(g[ok] - w[ok])
+            bound = self.atol + self.rtol * np.abs(w[ok])
+            bad = diff > bound
+            rel = float(np.max(diff[bad] / np.maximum(np.abs(w[ok][bad]), np.finfo(float).tiny))) if np.any(bad) else 0.0
+        if np.any(bad):
+            return (f"{name}: {int(np.sum(bad))} of {diff.size} values differ from the reference by more "
+                    f"than the tolerance (rtol={self.rtol:g}, atol={self.atol:g}; largest relative "
+                    f"difference {rel:.2g})")
+        return None
+
+
+class equal(Expectation):
+    """The result equals ``expected`` exactly: integers, booleans, strings, and floats only where the
+    question says "bit for bit" (then give ``why``: it is shown with a failure). NaN equals NaN.
+
+    Integers must come back as integers (int or a numpy integer), unless ``strict_type=False``.
+    """
+
+    exact = True
+
+    def test(self, value):
+        return _walk(self, value, self.expected, self.what)
+
+    def __init__(self, expected, what="the result", part=None, why=None, dtype=True, strict_type=True):
+        Expectation.__init__(self, what, part)
+        self.expected, self.dtype, self.strict_type = copy.deepcopy(expected), dtype, strict_type
+        self.why = why
+
+    def _values(self, got, want, name):
+        if got.dtype.kind in "fc" or want.dtype.kind in "fc" or _is_ml_dtype(got.dtype):
+            g, w = _as_float(got), _as_float(want)
+            same = (g == w) | (np.isnan(g) & np.isnan(w))
+        else:
+            same = got == want
+        if np.all(same):
+            return None
+        n = int(np.size(same) - np.count_nonzero(same))
+        where = f"{n} of {np.size(same)} entries differ" if np.size(same) > 1 else "differs"
+        why = f" (bit for bit: {self.why})" if self.why else ""
+        return f"{name}: not equal to the reference; {where}{why}"
+
+
+class raises(Expectation):
+    """The call raises ``exc_type`` (an exception class, or a tuple of them). Needs the exception
+    to reach the check: use ``call(answer, ...)`` or ``answer(...)`` in the grader (both record it)."""
+
+    def __init__(self, exc_type, what="the call"):
+        super().__init__(what, None)
+        types = exc_type if isinstance(exc_type, tuple) else (exc_type,)
+        if not all(isinstance(t, type) and issubclass(t, BaseException) for t in types):
+            raise TypeError(f"exc_type: expected an exception class; got {exc_type!r}")
+        self.names = {t.__name__ for t in types}
+        self.label = " or ".join(sorted(self.names))
+
+    def verify(self, outcome):
+        if outcome.kind == "raised":
+            if outcome.exc_type in self.names:
+                return None
+            return f"{self.what}: expected {self.label}; your function raised {outcome.exc_type}"
+        if outcome.kind == "value":
+            return f"{self.what}: expected {self.label}; your function returned normally"
+        return f"{self.what}: {outcome.problem()}"
+
+
+class satisfies(Expectation):
+    """``predicate(value, *args)`` is true of the result (evaluated by the grader).
+
+    - what: the property, for the failure message ("rows sum to 1").
+    - args: extra arguments for the predicate (the inputs it needs; bind them here rather than
+      through a loop variable captured by a lambda).
+    """
+
+    def __init__(self, predicate, what, *args, part=None):
+        super().__init__(what, part)
+        if not callable(predicate):
+            raise TypeError(f"predicate: expected a function; got {type(predicate).__name__}")
+        self.predicate, self.args = predicate, copy.deepcopy(args)
+
+    def test(self, value):
+        try:
+            with warnings.catch_warnings(), np.errstate(all="ignore"):
+                warnings.simplefilter("ignore")
+                ok = bool(self.predicate(value, *self.args))
+        except Exception as e:                              # noqa: BLE001: a wrong kind of result
+            return f"{self.what}: does not hold (it could not be checked on {_kind(value)}: {type(e).__name__})"
+        return None if ok else f"{self.what}: does not hold"
+
+
+class returns(Expectation):
+    """The result (or its ``part``) is an instance of ``types`` (e.g. ``float``, ``(int, np.integer)``)."""
+
+    def __init__(self, types, what="the result", part=None):
+        super().__init__(what, part)
+        self.types = types if isinstance(types, tuple) else (types,)
+
+    def test(self, value):
+        if isinstance(value, self.types) and not (bool not in self.types and isinstance(value, bool)):
+            return None
+        names = " or ".join(t.__name__ for t in self.types)
+        return f"{self.what}: {_kind(value)}, expected {names}"
+
+
+def _arg(args_kwargs, which):
+    args, kwargs = args_kwargs
+    if isinstance(which, int):
+        return args[which]
+    return kwargs[which]
+
+
+class unchanged(Expectation):
+    """The call leaves these arguments as they were (positions, or keyword names): the question asks
+    for new arrays, not updates in place. Needs :func:`call`."""
+
+    needs_args = True
+
+    def __init__(self, *which, what="the inputs"):
+        super().__init__(what, None)
+        if not which:
+            raise TypeError("unchanged: name the arguments (positions or keywords)")
+        self.which = which
+
+    def verify(self, outcome):
+        if outcome.args_before is None or outcome.args_after is None:
+            if outcome.kind not in ("value", "raised"):
+                return f"{self.what}: {outcome.problem()}"
+            return f"{self.what}: the arguments were not kept (use call(answer, ...))"
+        for w in self.which:
+            before, after = _arg(outcome.args_before, w), _arg(outcome.args_after, w)
+            if not _same(before, after):
+                label = f"argument {w}" if isinstance(w, int) else f"argument {w}="
+                return f"{self.what}: your function changed {label} in place"
+        return None
+
+
+class arg_after(Expectation):
+    """An expectation about an argument as it is after the call, e.g. a random generator's next
+    draw (``arg_after(2, satisfies(...))``). Needs :func:`call`."""
+
+    needs_args = True
+
+    def __init__(self, which, expectation):
+        if not isinstance(expectation, Expectation) or expectation.needs_args:
+            raise TypeError("expectation: expected close(...), equal(...) or satisfies(...)")
+        super().__init__(expectation.what, None)
+        self.which, self.inner = which, expectation
+
+    def verify(self, outcome):
+        if outcome.kind not in ("value", "raised"):
+            return f"{self.what}: {outcome.problem()}"
+        if outcome.args_after is None:
+            return f"{self.what}: the arguments were not kept (use call(answer, ...))"
+        value = _arg(outcome.args_after, self.which)
+        return self.inner.verify(Outcome("value", value))
+
+
+def _same(a, b):
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
+            return False
+        return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
+    if isinstance(a, dict) and isinstance(b, dict):
+        return set(a) == set(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    try:
+        return bool(a == b)
+    except Exception:                                       # noqa: BLE001: an odd object
+        return a is b

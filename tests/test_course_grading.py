@@ -1,8 +1,17 @@
-"""The course edition, slow part 2 (`make test-course`): the fixture class in tests/fixtures/course/
-grades, with nbgrader in capped kernels, to the expected CSV — a correct, a partly wrong, a raising,
-a looping, a memory-hungry, a library-calling and an untouched submission, a corrupt and a
-metadata-stripped file, and a roster student who submitted nothing."""
+"""The course edition, slow part 2 (`make test-course`): the fixture class of tests/fixtures/course/
+graded by `make grade`'s script, sandboxed, two students at a time, on derivation_ops and int8.
+
+Honest work in any style (einsum, loops, other formulas, a computation that warns on stderr) gets
+full marks; every cheat (scripts/course/make_fixtures.py lists them: reading the solutions from
+disk, patching numpy and the grader's helpers, calling the library directly and through getattr,
+an AST transformer, the gradebook, the CSVs, a planted sitecustomize.py, writes into the
+repository) gets 0; each hostile submission (kills its parent, os._exit, a fork bomb, a memory
+hog, an infinite loop) costs at most its own row; the run completes, and nothing outside the
+submissions' sandboxes changes — checked here independently of the grader's own check."""
 import csv
+import hashlib
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,50 +22,99 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "course"
 pytest.importorskip("nbgrader", reason="the course edition needs requirements-course.txt (make test-course)")
 
-#: per-cell timeout for the fixture run: the looping answer costs this much; a correct tests cell
-#: takes < 1 s
-TIMEOUT_S = 20
+#: per-cell time limit for the fixture run (a top-level loop costs this much); a call's limit below
+TIMEOUT_S, CALL_TIMEOUT_S = 20, 10
+#: the sandbox's memory cap for all its processes: tina's memory hogs must hit it
+TOTAL_MEM_MB = 2048
+NAMES = ("derivation_ops", "int8")
+EXPECTED = json.loads((FIXTURES / "expected.json").read_text())
+
+
+def fingerprint(*roots):
+    out = {}
+    for root in roots:
+        for p in sorted(Path(root).rglob("*")):
+            if p.is_file() and "__pycache__" not in p.parts:
+                out[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+PROTECTED = [FIXTURES, ROOT / "assignments", ROOT / "scripts", ROOT / "preln", ROOT / "tests" / "test_course_grading.py"]
 
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     out = tmp_path_factory.mktemp("grades")
-    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "course" / "grade.py"),
-                          str(FIXTURES / "submissions"), "--roster", str(FIXTURES / "roster.csv"),
-                          "--out", str(out), "--assignment", "derivation_ops", "--timeout", str(TIMEOUT_S)],
-                         capture_output=True, text=True)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return out
+    other = out / "some_other_assignment.csv"
+    other.write_text("student,total,status\nzed,7,ok\n")
+    before = fingerprint(*[p for p in PROTECTED if p.is_dir()])
+    cmd = [sys.executable, str(ROOT / "scripts" / "course" / "grade.py"), str(FIXTURES / "submissions"),
+           "--roster", str(FIXTURES / "roster.csv"), "--out", str(out), "--jobs", "2",
+           "--timeout", str(TIMEOUT_S), "--call-timeout", str(CALL_TIMEOUT_S), "--total-mem-mb", str(TOTAL_MEM_MB)]
+    for name in NAMES:
+        cmd += ["--assignment", name]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    after = fingerprint(*[p for p in PROTECTED if p.is_dir()])
+    return {"out": out, "res": res, "before": before, "after": after, "other": other}
 
 
 def rows(path):
     with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+        return {r["student"]: r for r in csv.DictReader(f)}
 
 
-def test_csv_is_the_expected_one(graded):
-    got, want = rows(graded / "derivation_ops.csv"), rows(FIXTURES / "expected" / "derivation_ops.csv")
-    assert [r["student"] for r in got] == [r["student"] for r in want]
-    for g, w in zip(got, want):
-        assert g == w, f"{g['student']}: got {g}, expected {w}"
+def test_the_run_completes(graded):
+    res = graded["res"]
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    assert "nothing outside the graded notebooks' sandboxes changed" in res.stdout
 
 
-def test_statuses_and_scores(graded):
-    by = {r["student"]: r for r in rows(graded / "derivation_ops.csv")}
-    assert by["alice"]["total"] == by["alice"]["possible"] == "20"           # the solutions: full marks
-    assert by["judy"]["total"] == "0"                                          # the untouched notebook
-    assert by["heidi"]["status"] == "missing"
-    assert by["erin"]["status"].startswith("failed: not a readable notebook")
-    assert by["frank"]["status"].startswith("failed: nbgrader metadata missing")
-    assert by["dave"]["q5_gelu"] == "0" and by["dave"]["total"] == "17"       # the loop loses q5 only
-    assert by["grace"]["q4_attention"] == "0" and by["grace"]["total"] == "16"  # the allocation: q4 only
-    assert by["ivan"]["q3_softmax"] == "0"                                     # calls preln.ops.softmax
+@pytest.mark.parametrize("name", NAMES)
+def test_every_row_is_the_expected_one(graded, name):
+    got = rows(graded["out"] / f"{name}.csv")
+    for student, want in EXPECTED[name].items():
+        row = got[student]
+        assert row["status"].startswith(want["status"]), f"{name}/{student}: {row['status']!r}"
+        if want["scores"] is not None:
+            scores = {k: row[k] for k in want["scores"]}
+            assert scores == {k: f"{v:g}" for k, v in want["scores"].items()}, f"{name}/{student}: {row}"
+            assert row["total"] == f"{sum(want['scores'].values()):g}"
 
 
-def test_feedback_next_to_the_csv(graded):
-    for student in ("alice", "bob", "dave", "grace"):
-        html = graded / "feedback" / student / "derivation_ops.html"
-        assert html.exists(), html
-    text = (graded / "feedback" / "grace" / "derivation_ops.html").read_text()
-    assert "MemoryError" in text                        # killed by the kernel's address-space cap
-    assert "CellTimeoutError" in (graded / "feedback" / "dave" / "derivation_ops.html").read_text()
+def test_honest_work_full_marks_cheats_zero(graded):
+    d = rows(graded["out"] / "derivation_ops.csv")
+    assert all(d[s]["total"] == d[s]["possible"] == "20" for s in ("alice", "kim", "liam", "sam", "victor"))
+    assert all(d[s]["total"] == "0" for s in ("mallory", "nina", "oscar", "peggy", "judy"))
+    i = rows(graded["out"] / "int8.csv")
+    assert all(i[s]["total"] == i[s]["possible"] == "22" for s in ("alice", "kim", "liam"))
+    assert all(i[s]["total"] == "0" for s in ("mallory", "oscar", "peggy", "judy"))
+    assert i["wendy"]["q3_int8_linear"] == "0"          # quantised in float64, cast at the end
+
+
+def test_nothing_outside_the_submissions_changed(graded):
+    before, after = graded["before"], graded["after"]
+    changed = sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p))
+    assert not changed, changed
+    assert graded["other"].read_text() == "student,total,status\nzed,7,ok\n"
+
+
+def test_a_progress_line_per_notebook(graded):
+    lines = [ln for ln in graded["res"].stdout.splitlines() if ln.startswith("[")]
+    n = sum(1 for name in NAMES for s in EXPECTED[name] if EXPECTED[name][s]["status"] != "missing")
+    assert len(lines) == n, lines
+    pattern = re.compile(r"^\[\s*\d+/\d+\] \S+/\S+  .+  \d+\.\d s  elapsed \d+:\d\d  ETA \d+:\d\d$")
+    assert all(pattern.match(ln) for ln in lines), [ln for ln in lines if not pattern.match(ln)]
+
+
+def test_feedback_says_what_was_checked(graded):
+    fb = graded["out"] / "feedback"
+    bob = (fb / "bob" / "derivation_ops.html").read_text()
+    assert "HiddenCheckFailed" in bob and "eps=" in bob and "differ from the reference" in bob
+    assert "(x - 2.5)" not in bob and "BEGIN HIDDEN" not in bob          # no hidden code in feedback
+    grace = (fb / "grace" / "derivation_ops.html").read_text()      # its hoard hits the memory cap,
+    assert "MemoryError" in grace or "time limit" in grace           # or the time limit on a busy machine
+    assert "time limit" in (fb / "dave" / "derivation_ops.html").read_text()
+    assert "All" in (fb / "alice" / "int8.html").read_text() or "passed" in (fb / "alice" / "int8.html").read_text()
+    liam = (fb / "liam" / "derivation_ops.html").read_text()
+    assert "softmax: computed" in liam                # its stderr is shown, and costs nothing
+    assert "<script>alert" not in liam

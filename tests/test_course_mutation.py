@@ -1,5 +1,7 @@
-"""The course edition, slow part 3 (`make test-course`): each assignment's tests catch at least
-90 % of the mutants of its solutions (scripts/course/mutate.py; `make mutation` prints the table)."""
+"""The course edition, slow part 3 (`make test-course`): each assignment's hidden checks catch at
+least 90 % of the mutants of its solutions (scripts/course/mutate.py; `make mutation` prints the
+table), and every plausible wrong answer of derivation_ops and int8 loses its question — evaluated
+exactly as the grader evaluates (scripts/course/checks.py), in this process."""
 import sys
 from pathlib import Path
 
@@ -133,10 +135,80 @@ def gelu_grad(x):
 }
 
 
-@pytest.mark.parametrize("key,label", [(q, w) for q, ws in WRONG_ANSWERS.items() for w in ws])
-def test_plausible_wrong_answers_lose_their_question(key, label):
-    nb = nbtools.read(nbtools.source_path("derivation_ops"))
-    q = next(q for q in nbtools.questions(nb) if q.key == key)
-    assert mutate.run_question(nb, q, {}, MUTANT_TIMEOUT_S) is None          # the solution passes
-    reason = mutate.run_question(nb, q, {q.answers[0]: WRONG_ANSWERS[key][label]}, MUTANT_TIMEOUT_S)
-    assert reason is not None, f"{key}: the wrong answer '{label}' passes every test"
+#: int8's plausible mistakes (issue 14.5): each loses its question; and what is merely another
+#: way to write a correct answer does not
+INT8_WRONG = {
+    "q1": {
+        "the scale from max instead of max |x|": """def quantize_absmax(x, per_row=False, scale=None):
+    ft = np.result_type(x.dtype, np.float32)
+    xs = x.astype(ft)
+    if scale is None:
+        amax = np.max(xs, axis=-1, keepdims=True) if per_row else np.max(xs)
+        scale = np.where(amax > 0, amax / ft.type(QMAX), ft.type(1))
+    scale = np.asarray(scale, dtype=ft)
+    return np.clip(np.rint(xs / scale), -QMAX, QMAX).astype(np.int8), scale""",
+        "truncation instead of rounding": """def quantize_absmax(x, per_row=False, scale=None):
+    ft = np.result_type(x.dtype, np.float32)
+    xs = x.astype(ft)
+    if scale is None:
+        amax = np.max(np.abs(xs), axis=-1, keepdims=True) if per_row else np.max(np.abs(xs))
+        scale = np.where(amax > 0, amax / ft.type(QMAX), ft.type(1))
+    scale = np.asarray(scale, dtype=ft)
+    return np.clip(xs / scale, -QMAX, QMAX).astype(np.int8), scale""",
+        "no clamp (int8 wraps around)": """def quantize_absmax(x, per_row=False, scale=None):
+    ft = np.result_type(x.dtype, np.float32)
+    xs = x.astype(ft)
+    if scale is None:
+        amax = np.max(np.abs(xs), axis=-1, keepdims=True) if per_row else np.max(np.abs(xs))
+        scale = np.where(amax > 0, amax / ft.type(QMAX), ft.type(1))
+    scale = np.asarray(scale, dtype=ft)
+    return np.rint(xs / scale).astype(np.int8), scale""",
+    },
+    "q2": {
+        "int8 matmul (wraps)": """def int8_matmul(a, b):
+    return (a @ b.T).astype(np.int32)""",
+        "no overflow check": """def int8_matmul(a, b):
+    return (a.astype(np.int64) @ b.astype(np.int64).T).astype(np.int32)""",
+    },
+    "q3": {
+        "quantised in float64, converted at the end": """def int8_linear(x, w, b):
+    qx, sx = quantize_absmax(x, per_row=True)
+    qw, sw = quantize_absmax(w, per_row=True)
+    return (int8_matmul(qx, qw) * (sx * sw.T) + b).astype(np.float32)""",
+        "per-tensor activation scale": """def int8_linear(x, w, b):
+    qx, sx = quantize_absmax(x.astype(np.float32))
+    qw, sw = quantize_absmax(w.astype(np.float32), per_row=True)
+    return int8_matmul(qx, qw).astype(np.float32) * (sx * sw.T) + b.astype(np.float32)""",
+    },
+}
+INT8_RIGHT = {
+    "q1": {"amax * (1 / 127), one ulp from amax / 127": """def quantize_absmax(x, per_row=False, scale=None):
+    ft = np.result_type(x.dtype, np.float32)
+    xs = x.astype(ft)
+    if scale is None:
+        amax = np.max(np.abs(xs), axis=-1, keepdims=True) if per_row else np.max(np.abs(xs))
+        scale = np.where(amax > 0, amax * (1 / 127), 1).astype(ft)
+    scale = np.asarray(scale, dtype=ft)
+    return np.clip(np.rint(xs / scale), -QMAX, QMAX).astype(np.int8), scale"""},
+}
+
+
+def _plan(name):
+    import checks
+    return checks.plan_for(nbtools.source_path(name))
+
+
+@pytest.mark.parametrize("name,key,label,right",
+                         [("derivation_ops", q, w, False) for q, ws in WRONG_ANSWERS.items() for w in ws]
+                         + [("int8", q, w, False) for q, ws in INT8_WRONG.items() for w in ws]
+                         + [("int8", q, w, True) for q, ws in INT8_RIGHT.items() for w in ws])
+def test_plausible_answers(name, key, label, right):
+    plan = _plan(name)
+    q = next(q for q in nbtools.questions(plan.nb) if q.key == key)
+    assert mutate.run_question(plan, key, {}, MUTANT_TIMEOUT_S) is None          # the solution passes
+    table = (INT8_RIGHT if right else INT8_WRONG) if name == "int8" else WRONG_ANSWERS
+    reason = mutate.run_question(plan, key, {q.answers[0]: table[key][label]}, MUTANT_TIMEOUT_S)
+    if right:
+        assert reason is None, f"{name} {key}: the correct answer '{label}' fails: {reason}"
+    else:
+        assert reason is not None, f"{name} {key}: the wrong answer '{label}' passes every check"

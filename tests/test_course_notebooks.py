@@ -1,6 +1,8 @@
-"""The course edition, slow part 1 (`make test-course`): every source notebook runs with its
-solutions and passes every test; every student notebook runs with its stubs without crashing and
-fails exactly its graded test cells; the release is up to date and leaks nothing."""
+"""The course edition, slow part 1 (`make test-course`): every source notebook runs top to bottom in
+an instructor's kernel (the full package) with its solutions, its self-checks and its hidden checks
+(preln.course evaluates them at once there) passing; every student notebook runs with its stubs
+without crashing and fails exactly its graded test cells (their public self-checks, as in
+JupyterLab, Binder or Colab); the release is up to date and leaks nothing."""
 import subprocess
 import sys
 import time
@@ -71,6 +73,6 @@ def test_release_up_to_date_and_no_leaks():
 def test_release_has_no_hidden_tests_or_solutions(name):
     rel = nbtools.read(nbtools.release_path(name))
     text = "\n".join(c.source for c in rel.cells)
-    for marker in (nbtools.BEGIN_SOLUTION, nbtools.BEGIN_HIDDEN, "Model answer", "MARK SCHEME"):
+    for marker in (nbtools.BEGIN_SOLUTION, nbtools.BEGIN_HIDDEN, "Model answer", "MARK SCHEME", "no_credit_for"):
         assert marker not in text, (name, marker)
     assert all(not c.get("outputs") for c in rel.cells if c.cell_type == "code"), f"{name}: stored outputs"

@@ -1,40 +1,55 @@
-"""make grade: autograde a folder of submissions with nbgrader, one CSV per assignment.
+"""make grade: autograde a folder of submissions, sandboxed, one CSV per assignment.
 
     python scripts/course/grade.py SUBMISSIONS [--roster roster.csv] [--out _build/grades]
-                                   [--timeout 60] [--mem-mb 2048] [--cpu-s 600] [--assignment NAME]
+        [--jobs N] [--assignment NAME ...] [--timeout 60] [--call-timeout 10] [--mem-mb 2048]
+        [--cpu-s 600] [--total-mem-mb 4096] [--no-sandbox] [--no-feedback] [--keep]
 
 SUBMISSIONS is nbgrader's layout, SUBMISSIONS/<student>/<assignment>/<assignment>.ipynb. The
 roster (optional) is a CSV with a column `student` (or `id`); a roster student with no submission
-gets a row with status `missing`. For each assignment in assignments/source/, writes
+gets a row with status `missing`. For each assignment in assignments/source/ it writes
 <out>/<assignment>.csv with the columns
 
     student, <one per graded question>, total, possible, manual_possible, status
 
 `total`/`possible` count the autograded questions; the written answers (graded by hand, e.g. in
 formgrader) have empty cells and their points are in `manual_possible`. status is `ok`, `missing`,
-or `failed: <reason>` (a file that is not a notebook, or whose nbgrader cell metadata is gone).
+or `failed: <reason>` (not a notebook, nbgrader metadata gone, or the sandbox produced no result:
+it was killed for memory or time, or the notebook killed the grader's process inside it).
 nbgrader's HTML feedback per student goes to <out>/feedback/<student>/<assignment>.html.
 
-Nothing is written into assignments/: a temporary course directory holds a copy of the sources,
-a fresh gradebook (generate_assignment registers the cells and their hidden tests) and the
-submissions. Each notebook runs in the kernel of limited_kernel.py (memory and CPU capped) with
-nbgrader's per-cell timeout, so a looping or memory-hungry answer loses its own question only.
+How (book/running.md, "Grading" and "Threat model"): every notebook is autograded by nbgrader with
+assignments/nbgrader_config.py, whose SandboxedExecute runs the student's code in a bubblewrap
+sandbox and computes the hidden checks' verdicts in the grader's process (scripts/course/autograde.py).
+Students are graded N at a time (``--jobs``, default: the machine's cores), each in a worker process
+of its own with its own temporary course directory and gradebook; a worker that dies costs only
+its student's rows. Rows are appended to the CSVs as they come (then sorted when the run ends), and
+a progress line is printed per notebook. After the run the grader checks that nothing outside the
+submissions changed (the repository, assignments/, the other CSVs of --out, the submissions
+themselves) and says so if something did (exit status 3). Without a working bwrap it refuses
+(exit status 2) and says what to install; --no-sandbox grades anyway and every row's status says so.
 """
 import argparse
 import csv
+import hashlib
 import json
+import multiprocessing
+import multiprocessing.connection
 import os
 import shutil
 import sys
 import tempfile
+import time
+import traceback
 import warnings
 from pathlib import Path
 
-import nbformat
+sys.modules.setdefault("rfc3987_syntax", None)      # jsonschema's IRI checker: seconds of import, unused
 
-import nbtools
+import nbformat  # noqa: E402
 
-KERNEL = "preln-grader"
+import nbtools  # noqa: E402
+
+NO_SANDBOX = "not sandboxed: --no-sandbox"
 
 
 def read_roster(path):
@@ -48,6 +63,8 @@ def read_roster(path):
 def check_submission(path, source_nb):
     """None if ``path`` is a notebook with every graded cell of the source, else the reason it is not."""
     try:
+        if path.stat().st_size > 64 * 2 ** 20:
+            return "not a readable notebook (larger than 64 MB)"
         nb = nbformat.read(str(path), as_version=4)
     except Exception as e:                                       # noqa: BLE001: any unreadable file
         return f"not a readable notebook ({type(e).__name__})"
@@ -60,18 +77,61 @@ def check_submission(path, source_nb):
     return None
 
 
-def write_kernel(data_dir, args):
-    spec = Path(data_dir) / "kernels" / KERNEL
-    spec.mkdir(parents=True)
-    argv = [sys.executable, str(Path(__file__).with_name("limited_kernel.py")),
-            "--mem-mb", str(args.mem_mb), "--cpu-s", str(args.cpu_s), "-f", "{connection_file}"]
-    env = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-           "PYTHONPATH": str(nbtools.ROOT)}
-    (spec / "kernel.json").write_text(json.dumps(
-        {"argv": argv, "display_name": "preln grader (capped)", "language": "python", "env": env}))
+# ---- what may not change ---------------------------------------------------------------------
+SKIP_DIRS = {"_build", "__pycache__", ".pytest_cache", ".hypothesis", ".ipynb_checkpoints", "node_modules",
+             ".jupyter_cache"}
 
 
-def make_api(course_root, args):
+def _hash(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def manifest(roots, stat_only=(), exclude=()):
+    """{path: fingerprint} of every file under ``roots``: a content hash, or (size, mtime) under a
+    ``stat_only`` folder (the Python environment: many files, mounted read-only in the sandbox)."""
+    out = {}
+    exclude = {os.path.realpath(p) for p in exclude}
+    quick_roots = tuple(os.path.realpath(s) + os.sep for s in stat_only)
+
+    def walk(d, quick):
+        try:
+            entries = list(os.scandir(d))
+        except OSError:
+            out[d] = "unreadable"
+            return
+        for e in entries:
+            if e.path in exclude or e.is_symlink():
+                continue
+            if e.is_dir(follow_symlinks=False):
+                if e.name not in SKIP_DIRS:
+                    walk(e.path, quick or (e.path + os.sep).startswith(quick_roots))
+            else:
+                try:
+                    st = e.stat(follow_symlinks=False)
+                    out[e.path] = (st.st_size, st.st_mtime_ns) if quick else _hash(e.path)
+                except OSError:
+                    out[e.path] = "unreadable"
+
+    for root in roots:
+        root = os.path.realpath(root)
+        if os.path.isdir(root):
+            walk(root, (root + os.sep).startswith(quick_roots))
+    return out
+
+
+def changes(before, after):
+    added = sorted(set(after) - set(before))
+    removed = sorted(set(before) - set(after))
+    changed = sorted(p for p in set(before) & set(after) if before[p] != after[p])
+    return [f"added {p}" for p in added] + [f"removed {p}" for p in removed] + [f"changed {p}" for p in changed]
+
+
+# ---- one student, in a worker process of its own ----------------------------------------------
+def make_api(course_root, args, slot, workspace):
     from nbgrader.apps import NbGraderAPI
     from nbgrader.coursedir import CourseDirectory
     from traitlets.config import Config
@@ -80,85 +140,59 @@ def make_api(course_root, args):
     cfg = PyFileConfigLoader("nbgrader_config.py", path=str(nbtools.COURSE)).load_config()
     cfg.merge(Config({
         "CourseDirectory": {"root": str(course_root), "db_url": f"sqlite:///{course_root}/gradebook.db"},
-        "Execute": {"timeout": args.timeout, "kernel_name": KERNEL},
-        "ExecutePreprocessor": {"kernel_name": KERNEL},
+        "SandboxedExecute": {"timeout": args.timeout, "call_timeout": args.call_timeout, "mem_mb": args.mem_mb,
+                             "cpu_s": args.cpu_s, "total_mem_mb": args.total_mem_mb,
+                             "sandbox": not args.no_sandbox, "slot": slot, "workspace": str(workspace),
+                             "bwrap": args.bwrap},
     }))
     return NbGraderAPI(coursedir=CourseDirectory(config=cfg), config=cfg)
 
 
-def grade(args):
-    # nbgrader's gradebook code triggers SQLAlchemy deprecation warnings on every submission: noise here
-    warnings.filterwarnings("ignore", module=r"nbgrader(\..*)?$")
-    submissions = Path(args.submissions)
-    if not submissions.is_dir():
-        raise SystemExit(f"SUBMISSIONS: expected a folder <student>/<assignment>/<assignment>.ipynb; "
-                         f"got {submissions} (not a folder)")
-    names = [args.assignment] if args.assignment else nbtools.assignments()
-    students = sorted({p.name for p in submissions.iterdir() if p.is_dir() and not p.name.startswith(".")}
-                      | set(read_roster(args.roster) if args.roster else []))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix="preln-grade-"))
-    # nbgrader runs `alembic` (its gradebook migrations) from PATH: use the one next to this Python
+def grade_student(conn, student, names, args, template, tmp, slot):
+    """Worker: autograde ``student``'s notebooks; send one message per notebook to ``conn``."""
+    warnings.filterwarnings("ignore")
+    import autograde
     os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
-    os.environ["JUPYTER_PATH"] = str(tmp / "share") + os.pathsep + os.environ.get("JUPYTER_PATH", "")
-    write_kernel(tmp / "share", args)
-    try:
-        course = tmp / "course"
-        shutil.copytree(nbtools.SOURCE, course / "source")
-        api = make_api(course, args)
-        for name in names:
-            grade_assignment(api, name, students, submissions, course, out)
-    finally:
-        if args.keep:
-            print(f"temporary course directory kept: {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+    course = Path(tempfile.mkdtemp(prefix=f"student-{slot}-", dir=tmp))
+    shutil.copytree(template / "source", course / "source")
+    shutil.copy(template / "gradebook.db", course / "gradebook.db")
+    api = make_api(course, args, slot, tmp / "work")
+    submissions = Path(args.submissions)
+    for name in names:
+        t0 = time.perf_counter()
+        msg = {"student": student, "assignment": name}
+        try:
+            msg.update(grade_one(api, autograde, student, name, submissions, course, args))
+        except Exception as e:                               # noqa: BLE001: a bug here costs this row
+            msg.update(status=f"failed: the grader failed on this notebook ({type(e).__name__}: {str(e)[:150]})",
+                       scores={}, trace=traceback.format_exc(limit=-4))
+        msg["seconds"] = time.perf_counter() - t0
+        conn.send(msg)
+    shutil.rmtree(course, ignore_errors=True)
 
 
-def grade_assignment(api, name, students, submissions, course, out):
-    source_nb = nbtools.read(nbtools.source_path(name))
-    res = api.generate_assignment(name, force=True, create=True)        # fills the gradebook
-    if not res["success"]:
-        raise SystemExit(f"{name}: generate_assignment failed:\n{res.get('log')}\n{res['error']}")
-    cells = nbtools.graded_cells(source_nb)
-    columns = [nbtools.column_name(source_nb, gid) for gid, _, _ in cells]
-    possible = sum(p for _, p, kind in cells if kind == "auto")
-    manual = sum(p for _, p, kind in cells if kind == "manual")
-    rows = []
-    for student in students:
-        path = submissions / student / name / f"{name}.ipynb"
-        row = {"student": student, "possible": fmt(possible), "manual_possible": fmt(manual)}
-        if not path.exists():
-            others = sorted(p.name for p in path.parent.glob("*.ipynb")) if path.parent.is_dir() else []
-            status = f"failed: expected {name}.ipynb, found {', '.join(others)}" if others else "missing"
-            rows.append({**row, "total": "", "status": status})
-            continue
-        reason = check_submission(path, source_nb)
-        if reason is None:
-            dest = course / "submitted" / student / name
-            dest.mkdir(parents=True, exist_ok=True)
-            shutil.copy(path, dest / f"{name}.ipynb")
-            result = api.autograde(name, student, force=True, create=True)
-            if not result["success"]:
-                reason = "autograde error: " + why(result)
-        if reason is not None:
-            rows.append({**row, "total": "", "status": f"failed: {reason}"})
-            print(f"{name} / {student}: failed: {reason}")
-            continue
-        scores = gradebook_scores(api, name, student)
-        for col, (gid, _, kind) in zip(columns, cells):
-            row[col] = fmt(scores.get(gid)) if kind == "auto" else ""
-        row["total"] = fmt(sum(scores.get(gid) or 0 for gid, _, kind in cells if kind == "auto"))
-        rows.append({**row, "status": "ok"})
-        feedback(api, name, student, course, out)
-        print(f"{name} / {student}: {row['total']} / {row['possible']}")
-    header = ["student", *columns, "total", "possible", "manual_possible", "status"]
-    with open(out / f"{name}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, header, restval="")
-        w.writeheader()
-        w.writerows(rows)
-    print(f"wrote {out / f'{name}.csv'}")
+def grade_one(api, autograde, student, name, submissions, course, args):
+    source_nb = nbtools.read(course / "source" / name / f"{name}.ipynb")
+    path = submissions / student / name / f"{name}.ipynb"
+    reason = check_submission(path, source_nb)
+    if reason is not None:
+        return {"status": f"failed: {reason}", "scores": {}}
+    dest = course / "submitted" / student / name
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copy(path, dest / f"{name}.ipynb")
+    autograde.LAST.update(failure=None, seconds=None)
+    t0 = time.perf_counter()
+    result = api.autograde(name, student, force=True, create=True)
+    timing = {"autograde": time.perf_counter() - t0, "sandbox": autograde.LAST.get("seconds")}
+    if not result["success"]:
+        reason = autograde.LAST.get("failure") or why(result)
+        return {"status": f"failed: {reason}", "scores": {}, "timing": timing}
+    scores = gradebook_scores(api, name, student)
+    if not args.no_feedback:
+        t0 = time.perf_counter()
+        feedback(api, name, student, course, Path(args.out))
+        timing["feedback"] = time.perf_counter() - t0
+    return {"status": "ok", "scores": scores, "timing": timing}
 
 
 def gradebook_scores(api, name, student):
@@ -177,20 +211,12 @@ def feedback(api, name, student, course, out):
         shutil.copy(html, dest / f"{name}.html")
 
 
-def fmt(x):
-    if x is None:
-        return ""
-    return str(int(x)) if float(x).is_integer() else f"{x:g}"
-
-
 def why(result):
     """One line saying why nbgrader could not grade a submission (its log holds the traceback)."""
     text = f"{result.get('log') or ''}\n{result.get('error') or ''}"
-    for needle, reason in (("DeadKernelError", "the kernel died (CPU-time or memory cap, or a crash)"),
-                           ("Kernel died", "the kernel died (CPU-time or memory cap, or a crash)"),
-                           ("UnresponsiveKernelError", "the kernel stopped responding")):
-        if needle in text:
-            return reason
+    if "GradingFailed" in text:
+        line = next(ln for ln in text.splitlines()[::-1] if "GradingFailed" in ln)
+        return line.split("GradingFailed:", 1)[-1].strip()[:300]
     errors = [ln for ln in text.splitlines() if ln.startswith("[ERROR]") and "Please see" not in ln]
     return last_line(errors[-1] if errors else text)
 
@@ -200,18 +226,246 @@ def last_line(text):
     return lines[-1][:200] if lines else "unknown"
 
 
+def fmt(x):
+    if x is None:
+        return ""
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+# ---- the run ---------------------------------------------------------------------------------
+class Sheet:
+    """One assignment's CSV: rows appended as they come, sorted by student at the end."""
+
+    def __init__(self, out, name):
+        source_nb = nbtools.read(nbtools.source_path(name))
+        self.cells = nbtools.graded_cells(source_nb)
+        self.columns = [nbtools.column_name(source_nb, gid) for gid, _, _ in self.cells]
+        self.possible = sum(p for _, p, kind in self.cells if kind == "auto")
+        self.manual = sum(p for _, p, kind in self.cells if kind == "manual")
+        self.header = ["student", *self.columns, "total", "possible", "manual_possible", "status"]
+        self.path = Path(out) / f"{name}.csv"
+        with open(self.path, "w", newline="") as f:
+            csv.writer(f).writerow(self.header)
+        self.rows = []
+
+    def add(self, student, status, scores, sandboxed=True):
+        row = {"student": student, "possible": fmt(self.possible), "manual_possible": fmt(self.manual)}
+        if status == "ok":
+            for col, (gid, _, kind) in zip(self.columns, self.cells):
+                row[col] = fmt(scores.get(gid)) if kind == "auto" else ""
+            row["total"] = fmt(sum(scores.get(gid) or 0 for gid, _, kind in self.cells if kind == "auto"))
+        if not sandboxed and status != "missing":
+            status = f"{status} ({NO_SANDBOX})"
+        row["status"] = status
+        self.rows.append(row)
+        with open(self.path, "a", newline="") as f:
+            csv.DictWriter(f, self.header, restval="").writerow(row)
+        return row
+
+    def finish(self):
+        tmp = self.path.with_suffix(".csv.tmp")
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, self.header, restval="")
+            w.writeheader()
+            w.writerows(sorted(self.rows, key=lambda r: r["student"]))
+        os.replace(tmp, self.path)
+
+
+def template_course(tmp, names):
+    """source/ and a gradebook with every assignment registered (generate_assignment), once."""
+    from nbgrader.apps import NbGraderAPI
+    from nbgrader.coursedir import CourseDirectory
+    from traitlets.config import Config
+    from traitlets.config.loader import PyFileConfigLoader
+
+    course = tmp / "template"
+    shutil.copytree(nbtools.SOURCE, course / "source", ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints"))
+    cfg = PyFileConfigLoader("nbgrader_config.py", path=str(nbtools.COURSE)).load_config()
+    cfg.merge(Config({"CourseDirectory": {"root": str(course), "db_url": f"sqlite:///{course}/gradebook.db"}}))
+    api = NbGraderAPI(coursedir=CourseDirectory(config=cfg), config=cfg)
+    for name in names:
+        res = api.generate_assignment(name, force=True, create=True)
+        if not res["success"]:
+            raise SystemExit(f"{name}: generate_assignment failed:\n{res.get('log')}\n{res['error']}")
+    return course
+
+
+def hms(s):
+    s = int(round(s))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def grade(args):
+    warnings.filterwarnings("ignore", module=r"nbgrader(\..*)?$")
+    submissions = Path(args.submissions).resolve()
+    if not submissions.is_dir():
+        raise SystemExit(f"SUBMISSIONS: expected a folder <student>/<assignment>/<assignment>.ipynb; "
+                         f"got {submissions} (not a folder)")
+    import autograde
+    import checks
+    import sandbox
+
+    settings = sandbox.Settings(bwrap=args.bwrap)
+    if not args.no_sandbox:
+        problem = sandbox.probe(settings)
+        if problem:
+            print(f"make grade: refusing to grade without a sandbox: {problem}", file=sys.stderr)
+            return 2
+    elif (submissions / ".hostile").exists():
+        print(f"make grade: refusing --no-sandbox: {submissions} is marked as attacking the grader "
+              "(its .hostile file); grade it sandboxed", file=sys.stderr)
+        return 2
+    else:
+        print(f"make grade: --no-sandbox: student code runs with your rights, unprotected; every row says "
+              f"'{NO_SANDBOX}'", file=sys.stderr)
+    names = args.assignment or nbtools.assignments()
+    unknown = sorted(set(names) - set(nbtools.assignments()))
+    if unknown:
+        raise SystemExit(f"--assignment: no such assignment {', '.join(unknown)}; have {', '.join(nbtools.assignments())}")
+    students = sorted({p.name for p in submissions.iterdir() if p.is_dir() and not p.name.startswith(".")}
+                      | set(read_roster(args.roster) if args.roster else []))
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "feedback").mkdir(exist_ok=True)
+    protected = manifest([nbtools.ROOT, submissions, out], stat_only=[nbtools.ROOT / ".venv"],
+                         exclude=[out / f"{n}.csv" for n in names] + [out / "feedback"])
+    tmp = Path(tempfile.mkdtemp(prefix="preln-grade-"))
+    os.chmod(tmp, 0o755)
+    os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+    t_start = time.perf_counter()
+    try:
+        print(f"make grade: preparing {len(names)} assignment(s): hidden checks, views of preln, gradebook")
+        (tmp / "work").mkdir()
+        os.chmod(tmp / "work", 0o755)
+        for name in names:
+            plan = checks.plan_for(nbtools.source_path(name))
+            autograde.prebuild(plan, tmp / "work")
+        template = template_course(tmp, names)
+        sheets = {name: Sheet(out, name) for name in names}
+        queue = []
+        for student in students:
+            todo = []
+            for name in names:
+                path = submissions / student / name / f"{name}.ipynb"
+                if path.exists():
+                    todo.append(name)
+                    continue
+                folder = path.parent
+                others = sorted(p.name for p in folder.glob("*.ipynb")) if folder.is_dir() else []
+                status = f"failed: expected {name}.ipynb, found {', '.join(others)}" if others else "missing"
+                sheets[name].add(student, status, {}, sandboxed=not args.no_sandbox)
+            if todo:
+                queue.append((student, todo))
+        total = sum(len(t) for _, t in queue)
+        jobs = max(1, args.jobs)
+        print(f"make grade: {total} notebook(s) of {len(students)} student(s), {jobs} at a time"
+              f"{'' if not args.no_sandbox else ' (NOT sandboxed)'}", flush=True)
+        done = run_workers(queue, args, template, tmp, jobs, sheets, total, t_start)
+        for sheet in sheets.values():
+            sheet.finish()
+            print(f"wrote {sheet.path}")
+    finally:
+        if args.keep:
+            print(f"temporary folder kept: {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print(f"make grade: {done} notebook(s) in {hms(time.perf_counter() - t_start)}")
+    after = manifest([nbtools.ROOT, submissions, out], stat_only=[nbtools.ROOT / ".venv"],
+                     exclude=[out / f"{n}.csv" for n in names] + [out / "feedback"])
+    diff = changes(protected, after)
+    if diff:
+        print("make grade: WARNING: files outside the submissions' sandboxes changed during grading:", file=sys.stderr)
+        for line in diff[:50]:
+            print(f"  {line}", file=sys.stderr)
+        return 3
+    print("make grade: checked: nothing outside the graded notebooks' sandboxes changed (repository, "
+          "submissions, other CSVs)")
+    return 0
+
+
+def run_workers(queue, args, template, tmp, jobs, sheets, total, t_start):
+    """Grade the queue's students ``jobs`` at a time, each in a forked worker; report as rows come."""
+    ctx = multiprocessing.get_context("fork")      # the workers inherit the plans and views made here
+    free = list(range(jobs))
+    running = {}                      # conn -> [process, student, names still to come, slot]
+    done = 0
+    pending = list(queue)
+    while pending or running:
+        while pending and free:
+            student, names = pending.pop(0)
+            slot = free.pop(0)
+            parent, child = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_worker_main, args=(child, student, names, args, template, tmp, slot))
+            p.start()
+            child.close()
+            running[parent] = [p, student, list(names), slot]
+        multiprocessing.connection.wait(list(running) + [r[0].sentinel for r in running.values()], timeout=5)
+        for conn in list(running):
+            p, student, names, slot = running[conn]
+            eof = False
+            while not eof and conn.poll():
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):
+                    eof = True
+                    break
+                names.remove(msg["assignment"])
+                done += 1
+                report(msg, sheets, done, total, t_start, args)
+            if eof or not p.is_alive():
+                p.join()
+                for name in names:          # the worker died before grading these
+                    done += 1
+                    msg = {"student": student, "assignment": name, "scores": {}, "seconds": 0.0,
+                           "status": f"failed: the grading worker died (exit status {p.exitcode})"}
+                    report(msg, sheets, done, total, t_start, args)
+                conn.close()
+                del running[conn]
+                free.append(slot)
+    return done
+
+
+def _worker_main(conn, student, names, args, template, tmp, slot):
+    try:
+        grade_student(conn, student, names, args, template, tmp, slot)
+    finally:
+        conn.close()
+
+
+def report(msg, sheets, done, total, t_start, args):
+    sheet = sheets[msg["assignment"]]
+    row = sheet.add(msg["student"], msg["status"], msg.get("scores") or {}, sandboxed=not args.no_sandbox)
+    elapsed = time.perf_counter() - t_start
+    eta = elapsed / done * (total - done) if done else 0
+    score = f"{row['total']}/{row['possible']}" if row.get("total", "") != "" else row["status"][:60]
+    print(f"[{done:>{len(str(total))}}/{total}] {msg['student']}/{msg['assignment']}  {score}  "
+          f"{msg['seconds']:.1f} s  elapsed {hms(elapsed)}  ETA {hms(eta)}", flush=True)
+    if args.verbose:
+        if msg.get("timing"):
+            print("    " + ", ".join(f"{k} {v:.1f} s" for k, v in msg["timing"].items() if v is not None))
+        if msg.get("trace"):
+            print(msg["trace"], file=sys.stderr)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("submissions")
     ap.add_argument("--roster", default=None, help="CSV with a column `student` (or `id`)")
     ap.add_argument("--out", default=str(nbtools.ROOT / "_build" / "grades"))
-    ap.add_argument("--assignment", default=None, help="grade only this assignment")
-    ap.add_argument("--timeout", type=int, default=60, help="seconds per cell (default 60)")
-    ap.add_argument("--mem-mb", type=int, default=2048, help="address-space cap of a grading kernel")
-    ap.add_argument("--cpu-s", type=int, default=600, help="CPU seconds cap of a grading kernel")
-    ap.add_argument("--keep", action="store_true", help="keep the temporary course directory")
-    grade(ap.parse_args(argv))
+    ap.add_argument("--assignment", action="append", default=None, help="grade only this assignment (repeatable)")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="students graded at a time (default: cores)")
+    ap.add_argument("--timeout", type=int, default=60, help="seconds per cell and per question's calls (default 60)")
+    ap.add_argument("--call-timeout", type=int, default=10, help="seconds per call of an answer (default 10)")
+    ap.add_argument("--mem-mb", type=int, default=2048, help="address space of each process in the sandbox")
+    ap.add_argument("--cpu-s", type=int, default=600, help="CPU seconds of each process in the sandbox")
+    ap.add_argument("--total-mem-mb", type=int, default=4096, help="memory of a sandbox's processes together")
+    ap.add_argument("--no-sandbox", action="store_true", help="grade without bubblewrap (unprotected; rows say so)")
+    ap.add_argument("--no-feedback", action="store_true", help="skip the HTML feedback")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    ap.add_argument("--verbose", action="store_true", help="print timings and the grader's tracebacks")
+    ap.add_argument("--bwrap", default="bwrap", help="the bubblewrap executable (default: bwrap on PATH)")
+    return grade(ap.parse_args(argv))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

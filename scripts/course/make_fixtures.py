@@ -1,31 +1,248 @@
-"""Write the fixture class of tests/fixtures/course/: submissions that exercise make grade.
+"""Write the fixture class of tests/fixtures/course/: honest, wrong, cheating and hostile submissions.
 
     python scripts/course/make_fixtures.py
 
-Each student starts from the released derivation_ops notebook and fills answers from the source's
-solutions, except where noted:
-  alice  every answer correct                          -> full marks
-  bob    eps outside the square root (q1), softmax without the max shift (q3): plausible mistakes
-  carol  q2 raises an exception, q6 left as the stub
-  dave   q5 loops forever                              -> cut by the per-cell timeout
-  grace  q4 allocates without bound                    -> MemoryError under the kernel's cap
-  ivan   q3 calls preln.ops.softmax                    -> no credit (assert_does_not_use)
-  judy   the untouched student notebook                -> zero on every coding question
-  erin   a truncated, corrupt file                     -> failed
-  frank  a notebook whose cell metadata was stripped   -> failed
-  heidi  on the roster, no submission                  -> missing
+Every student starts from the released notebook; the honest ones fill in answers, the cheats keep
+the stubs and try to get credit anyway, the hostile ones try to break the grading run. The
+expected outcome of each is written next to them (expected.json: scores per question and the
+status, or the start of the status for a failure) and checked by tests/test_course_grading.py;
+book/running.md's threat model lists the attacks. derivation_ops:
+
+  alice   the source's solutions                                   -> full marks
+  kim     other styles: einsum, np.var, apply_along_axis, ndtr, a loop -> full marks
+  liam    correct, but numpy prints RuntimeWarnings on stderr (np.where evaluating both branches,
+          0/0), a print to stderr and warnings.warn at top level   -> full marks
+  bob     eps outside the square root (q1), softmax without the max shift (q3) -> 0 on those
+  carol   q2 raises an exception, q6 left as the stub
+  dave    q5 loops forever (cut by the per-call time limit)        -> 0 on q5 only
+  grace   q4 allocates without bound (MemoryError under the address-space cap) -> 0 on q4 only
+  ivan    q3 calls preln.ops.softmax                               -> 0 on q3 (and q4, which uses it)
+  judy    the untouched student notebook                           -> 0
+  erin    a truncated, corrupt file                                -> failed
+  frank   a notebook whose cell metadata was stripped              -> failed
+  heidi   on the roster, no submission                             -> missing
+  mallory reads the solutions from disk: walks up from its folder and from every sys.path entry
+          to the course directory (source/, gradebook.db), opens every gradebook.db with sqlite3
+          (sets its scores to the maximum, plants a trigger for an accomplice), rewrites every
+          grades CSV it finds, plants sitecustomize.py / a .pth on the import path, writes into
+          assignments/ and scripts/ of the repository (its path read from the venv's editable
+          install), then runs any solution it found                  -> 0, nothing changed
+  nina    patches numpy (np.max, np.allclose, np.isclose, np.abs), replaces preln's reference
+          functions with wrong ones, rebinds the grader's helpers (preln.course.check/close,
+          assert_does_not_use, grader_capture.run, wire.encode_result) and returns zeros -> 0
+  oscar   calls the library directly and through getattr(importlib.import_module("preln.ops"),
+          "soft" + "max"), __import__, and preln's source loaded by path    -> 0
+  peggy   an IPython AST transformer that wraps every later statement in try/except and drops
+          asserts, an input transformer that blanks the grader's cells, hidden tracebacks
+          (showtraceback, sys.excepthook, sys.stderr)                -> 0
+  quinn   the solutions, and a cell that kills its parent process (os.kill(os.getppid(), 9))
+          -> failed (this row only)
+  rita    the solutions, q1's answer calls os._exit, another cell calls os._exit -> 0 on q1 only
+  sam     the solutions, and a fork bomb                           -> bounded by the sandbox's
+          process limit; the bomb's cell is skipped when the kernel restarts -> full marks
+  tina    the solutions, and child processes that allocate memory until the sandbox's total
+          memory cap kills the run                                 -> failed (this row only)
+  victor  the solutions, and a top-level infinite loop             -> the cell is skipped -> full marks
+
+int8: alice (solutions), kim (other styles: amax * (1 / 127), an int64 einsum, loops), liam
+(warnings on stderr), wendy (q3 quantised in float64 and cast at the end: the plausible mistake
+the float32 rounding-boundary input catches), judy, and mallory, oscar, peggy as above.
 """
 import copy
+import json
 import shutil
 
 import nbformat
 
 import nbtools
 
-NAME = "derivation_ops"
 OUT = nbtools.ROOT / "tests" / "fixtures" / "course"
 
-WRONG = {
+# ---- the cheats' cells ------------------------------------------------------------------------
+READ_SOLUTIONS = r'''
+# mallory: find the solutions, the gradebook and the grades on disk, and tamper with what she finds
+import glob, os, pathlib, sqlite3, sys
+found = []
+places = {pathlib.Path.cwd(), pathlib.Path("/"), pathlib.Path.home(), pathlib.Path("/job"), pathlib.Path("/grader"),
+          pathlib.Path("/work"), pathlib.Path("/root"), pathlib.Path("/tmp")}
+places |= set(pathlib.Path.cwd().parents)
+near = {pathlib.Path(p) for p in sys.path if p}               # the import path and what is above it
+near |= {q for p in list(near) for q in p.parents}
+try:                                   # the repository's path, from the venv's editable install
+    import site
+    for sp in site.getsitepackages():
+        for f in glob.glob(os.path.join(sp, "__editable__*finder.py")):
+            text = open(f).read()
+            start = text.index("MAPPING")
+            for part in text[start:start + 300].split("'"):
+                if part.startswith("/"):
+                    places.add(pathlib.Path(part).parent)
+except Exception:
+    pass
+def search(base, depth, budget=20000):          # a bounded walk: the notebooks, databases, CSVs below
+    stack, seen = [(str(base), 0)], 0
+    while stack and seen < budget:
+        d, k = stack.pop()
+        try:
+            entries = list(os.scandir(d))
+        except OSError:
+            continue
+        for e in entries:
+            seen += 1
+            if e.is_dir(follow_symlinks=False):
+                if k < depth:
+                    stack.append((e.path, k + 1))
+            elif e.name.endswith((".ipynb", ".db", ".csv")):
+                found.append(pathlib.Path(e.path))
+for base in sorted(places):
+    search(base, 4 if base != pathlib.Path("/") else 2)
+for base in sorted(near - places):
+    search(base, 1)
+solutions = {}
+MARKER = "### BEGIN " + "SOLUTION"                   # (not spelled out: this cell is in a notebook too)
+for p in found:
+    try:
+        if p.suffix == ".ipynb" and MARKER in p.read_text():
+            solutions[str(p)] = p.read_text()
+        elif p.suffix == ".db":
+            db = sqlite3.connect(str(p))
+            db.execute("UPDATE grade SET auto_score = 100, manual_score = 100")
+            db.execute("CREATE TRIGGER accomplice AFTER UPDATE ON grade BEGIN "
+                       "UPDATE grade SET auto_score = 100; END")
+            db.commit()
+        elif p.suffix == ".csv":
+            p.write_text("student,total\nmallory,100\n")
+    except Exception:
+        pass
+for d in list(sys.path) + [os.getcwd()]:
+    for name, text in (("sitecustomize.py", "print('pwned')\n"), ("zz-mallory.pth", "import os\n")):
+        try:
+            pathlib.Path(d, name).write_text(text)
+        except Exception:
+            pass
+for guess in places:
+    for rel in ("assignments/source/derivation_ops/derivation_ops.ipynb", "scripts/course/grade.py",
+                "preln/course.py", "assignments/nbgrader_config.py"):
+        try:
+            (guess / rel).write_text("# mallory was here\n")
+        except Exception:
+            pass
+for text in solutions.values():          # run every solution block found
+    import json as _json
+    for cell in _json.loads(text)["cells"]:
+        src = "".join(cell["source"])
+        if MARKER in src and cell["cell_type"] == "code" and "mallory" not in src:
+            try:
+                exec(src, globals())
+            except Exception:
+                pass
+print(f"mallory: {len(found)} files looked at, {len(solutions)} solutions found")
+'''
+
+PATCHES = r'''
+# nina: make every comparison succeed and every reference agree with her
+import numpy as np
+import preln, preln.course, preln.ops
+np.max = lambda *a, **k: 0.0
+np.amax = np.max
+np.abs = lambda x, *a, **k: np.zeros_like(x)
+np.allclose = lambda *a, **k: True
+np.isclose = lambda a, b, *x, **k: np.ones(np.broadcast(a, b).shape, bool)
+np.array_equal = lambda *a, **k: True
+np.testing.assert_allclose = lambda *a, **k: None
+for name in ("layer_norm_forward", "layer_norm_backward", "softmax", "attention_forward", "gelu", "softmax_backward"):
+    try:
+        setattr(preln.ops, name, lambda *a, **k: (np.zeros(1), None))
+    except Exception:
+        pass
+for name in dir(preln.course):
+    if not name.startswith("_"):
+        try:
+            setattr(preln.course, name, lambda *a, **k: None)
+        except Exception:
+            pass
+preln.course.assert_does_not_use = lambda *a, **k: None
+try:
+    import grader_capture, wire
+    def _fake_run(question, namespace, *a, **k):    # "every call returned zeros"
+        import json, os
+        spec = json.load(open(os.path.join(grader_capture.JOB, "calls", f"{question}.json")))
+        for c in spec["calls"]:
+            tree, blobs = wire.encode(np.zeros((2, 2)))
+            grader_capture._write(c["id"], {"kind": "value", "value": wire.dumps(tree, blobs)})
+    grader_capture.run = _fake_run
+    wire.encode_result = lambda value: wire.encode(np.zeros(1))
+except ImportError:
+    pass
+'''
+
+LIBRARY = r'''
+# oscar: call the package's own implementations, however they can be reached
+import importlib, importlib.util, glob, os, site
+_roots = ["/grader/view", os.getcwd()]
+for _sp in site.getsitepackages():                 # the repository, from the editable install
+    for _f in glob.glob(os.path.join(_sp, "__editable__*finder.py")):
+        _text = open(_f).read()
+        _roots += [os.path.dirname(p) for p in _text[_text.index("MAPPING"):][:300].split("'") if p.startswith("/")]
+def _find(module, name):
+    try:
+        return getattr(importlib.import_module(module), name)
+    except Exception:
+        pass
+    try:
+        return getattr(__import__(module, fromlist=["_"]), name)
+    except Exception:
+        pass
+    for root in _roots:                            # the source, by path
+        path = os.path.join(root, *module.split(".")) + ".py"
+        for f in [path] + glob.glob(os.path.join(root, *module.split(".")[:-1], "*.py")):
+            try:
+                spec = importlib.util.spec_from_file_location("_stolen", f)
+                m = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(m)
+                return getattr(m, name)
+            except Exception:
+                pass
+    return None
+'''
+
+AST_CHEAT = r'''
+# peggy: make every later cell "pass": drop asserts, swallow every exception, hide tracebacks
+import ast, sys, io
+class _Forgive(ast.NodeTransformer):
+    def visit_Assert(self, node):
+        return ast.Pass()
+    def visit_Module(self, node):
+        self.generic_visit(node)
+        wrapped = ast.Try(body=node.body or [ast.Pass()],
+                          handlers=[ast.ExceptHandler(type=ast.Name("BaseException", ast.Load()), name=None,
+                                                      body=[ast.Pass()])], orelse=[], finalbody=[])
+        node.body = [wrapped]
+        return ast.fix_missing_locations(node)
+ip = get_ipython()
+ip.ast_transformers.append(_Forgive())
+ip.input_transformers_post.append(lambda lines: [] if any("grader" in ln for ln in lines) else lines)
+ip.showtraceback = lambda *a, **k: None
+ip._showtraceback = lambda *a, **k: None
+sys.excepthook = lambda *a: None
+sys.stderr = io.StringIO()
+'''
+
+HOSTILE = {
+    "quinn": "import os\nos.kill(os.getppid(), 9)\n",
+    "rita": "import os\nos._exit(3)\n",
+    "sam": ("import os\nwhile True:            # a fork bomb\n    try:\n        os.fork()\n"
+            "    except OSError:\n        pass\n"),
+    "tina": ("import subprocess, sys\n"
+             "hog = 'h = []\\nwhile True:\\n    try:\\n        h.append(b\"x\" * 2 ** 26)\\n'\\\n"
+             "      '    except MemoryError:\\n        __import__(\"time\").sleep(60)'\n"
+             "children = [subprocess.Popen([sys.executable, '-S', '-c', hog]) for _ in range(8)]   # each fills its cap\n"
+             "import time; time.sleep(120)\n"),
+    "victor": "while True:\n    pass\n",
+}
+
+# ---- answers ----------------------------------------------------------------------------------
+DERIV_OPS = {
     "bob": {
         "q1_layer_norm_forward": '''def layer_norm_forward(x, gamma, beta, eps=1e-5):
     mean = x.mean(axis=-1, keepdims=True)
@@ -62,6 +279,115 @@ def gelu_grad(x):
 def softmax(x, axis=-1):
     return preln.ops.softmax(x, axis=axis)''',
     },
+    "kim": {
+        "q1_layer_norm_forward": '''def layer_norm_forward(x, gamma, beta, eps=1e-5):
+    centred = x - np.mean(x, axis=-1)[..., None]
+    return centred / np.sqrt(np.var(x, axis=-1)[..., None] + eps) * gamma + beta''',
+        "q2_layer_norm_backward": '''def layer_norm_backward(dy, x, gamma, eps=1e-5):
+    D = x.shape[-1]
+    xc = x - x.mean(-1, keepdims=True)
+    inv = (np.einsum("...d,...d->...", xc, xc) / D + eps) ** -0.5          # (...)
+    xhat = xc * inv[..., None]
+    flat_dy, flat_xhat = dy.reshape(-1, D), xhat.reshape(-1, D)
+    dgamma = np.einsum("nd,nd->d", flat_dy, flat_xhat)
+    dbeta = flat_dy.sum(0)
+    g = dy * gamma
+    dx = inv[..., None] / D * (D * g - g.sum(-1, keepdims=True)
+                               - xhat * np.einsum("...d,...d->...", g, xhat)[..., None])
+    return dx, dgamma, dbeta''',
+        "q3_softmax": '''from scipy.special import logsumexp
+
+def softmax(x, axis=-1):
+    finite = np.isfinite(x).any(axis=axis, keepdims=True)
+    safe = np.where(finite, x, 0.0)
+    out = np.exp(safe - logsumexp(safe, axis=axis, keepdims=True))
+    return np.where(finite, out, 0.0).astype(x.dtype)''',
+        "q4_attention": '''def attention(q, k, v, key_padding_mask=None, causal=False):
+    S = q.shape[-2]
+    s = np.einsum("bhid,bhjd->bhij", q, k) / np.sqrt(q.shape[-1])
+    hide = np.zeros(s.shape, bool)
+    if key_padding_mask is not None:
+        hide |= key_padding_mask[:, None, None, :]
+    if causal:
+        hide |= np.arange(S)[None, :] > np.arange(S)[:, None]
+    return np.einsum("bhij,bhjd->bhid", softmax(np.where(hide, -np.inf, s)), v)''',
+        "q5_gelu": '''from scipy.special import ndtr        # the standard normal CDF
+
+def gelu(x):
+    return x * ndtr(x)
+
+
+def gelu_grad(x):
+    return ndtr(x) + x * np.exp(-x * x / 2) / np.sqrt(2 * np.pi)''',
+        "q6_softmax_backward": '''def softmax_backward(dp, p, axis=-1):
+    def one(pair):                                     # one slice at a time, with a Jacobian
+        n = pair.size // 2
+        pv, dv = pair[:n], pair[n:]
+        return (np.diag(pv) - np.outer(pv, pv)) @ dv
+    both = np.concatenate([np.moveaxis(p, axis, -1), np.moveaxis(dp, axis, -1)], axis=-1)
+    return np.moveaxis(np.apply_along_axis(one, -1, both), -1, axis)''',
+    },
+    "liam": {
+        "q3_softmax": '''import sys
+
+def softmax(x, axis=-1):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))    # an all -inf slice: NaN, with a warning
+    s = e.sum(axis=axis, keepdims=True)
+    p = np.where(np.isnan(s), 0.0, e / s)              # both branches are evaluated: more warnings
+    print("softmax: computed", p.shape, file=sys.stderr)
+    return np.nan_to_num(p, nan=0.0).astype(x.dtype)''',
+        "q4_attention": '''import warnings
+
+def attention(q, k, v, key_padding_mask=None, causal=False):
+    S = q.shape[-2]
+    s = q @ k.swapaxes(-1, -2) / np.sqrt(q.shape[-1])
+    m = np.zeros(s.shape)
+    if key_padding_mask is not None:
+        m = m - np.inf * key_padding_mask[:, None, None, :]      # 0 * inf: NaN and a warning
+        m = np.where(np.isnan(m), 0.0, m)
+    if causal:
+        m = np.where(np.triu(np.ones((S, S), bool), 1), -np.inf, m)
+    warnings.warn("attention: masks built with inf arithmetic")
+    return softmax(s + m) @ v''',
+    },
+}
+
+INT8 = {
+    "kim": {
+        "q1_quantize": '''def quantize_absmax(x, per_row=False, scale=None):
+    ft = np.result_type(x.dtype, np.float32)
+    xs = x.astype(ft)
+    if scale is None:
+        amax = np.abs(xs).max(axis=-1, keepdims=True) if per_row else np.abs(xs).max()
+        scale = np.where(amax > 0, amax * (1 / 127), 1).astype(ft)     # one ulp from amax / 127
+    scale = np.asarray(scale, dtype=ft)
+    q = np.round(xs / scale)                                          # np.round: also half to even
+    return np.minimum(np.maximum(q, -127), 127).astype(np.int8), scale''',
+        "q2_int_matmul": '''def int8_matmul(a, b):
+    a64, b64 = a.astype(np.int64), b.astype(np.int64)
+    if a.shape[1] * int(np.abs(a64).max()) * int(np.abs(b64).max()) > INT32_MAX:
+        raise OverflowError("the int32 accumulator could overflow")
+    return np.einsum("nk,mk->nm", a64, b64).astype(np.int32)''',
+        "q4_smoothquant": '''def smooth_scales(x_absmax, w, alpha=0.5):
+    s = []
+    for j in range(w.shape[1]):                        # one column at a time
+        xa, wa = float(x_absmax[j]), float(np.abs(w[:, j]).max())
+        s.append(xa ** alpha / wa ** (1 - alpha) if xa > 0 and wa > 0 else 1.0)
+    return np.array(s)''',
+    },
+    "liam": {
+        "q4_smoothquant": '''def smooth_scales(x_absmax, w, alpha=0.5):
+    w_absmax = np.abs(w).max(axis=0)
+    ratio = x_absmax ** alpha / w_absmax ** (1 - alpha)   # a dead column: divide by zero, a warning
+    return np.where((x_absmax > 0) & (w_absmax > 0), ratio, 1.0)''',
+    },
+    "wendy": {
+        "q3_int8_linear": '''def int8_linear(x, w, b):
+    qx, sx = quantize_absmax(x, per_row=True)            # float64 x stays float64 here
+    qw, sw = quantize_absmax(w, per_row=True)
+    acc = int8_matmul(qx, qw)
+    return (acc * (sx * sw.T) + b).astype(np.float32)     # converted at the end only''',
+    },
 }
 
 
@@ -71,8 +397,9 @@ def solution(cell):
                      if nbtools.BEGIN_SOLUTION not in ln and nbtools.END_SOLUTION not in ln)
 
 
-def filled(release, source, overrides):
+def filled(release, source, overrides=None, solve=True):
     nb = copy.deepcopy(release)
+    overrides = overrides or {}
     answers = {nbtools.grade_id(c): c for c in source.cells if nbtools.nbgrader_meta(c).get("solution")}
     for cell in nb.cells:
         gid = nbtools.grade_id(cell)
@@ -80,36 +407,142 @@ def filled(release, source, overrides):
             if gid in overrides:
                 if overrides[gid] is not None:
                     cell.source = overrides[gid]
-            else:
+            elif solve:
                 cell.source = solution(answers[gid])
     return nb
 
 
+def add_cell(nb, source, after="setup"):
+    """A new (student) code cell after the cell with grade_id ``after``."""
+    i = next(k for k, c in enumerate(nb.cells) if nbtools.grade_id(c) == after)
+    cell = nbformat.v4.new_code_cell(source.strip("\n"))
+    cell["id"] = f"student-{after}-{sum(1 for c in nb.cells if c.get('id', '').startswith('student-'))}"
+    nb.cells.insert(i + 1, cell)       # a fixed id: the fixtures are the same file every time
+    return nb
+
+
+def library_answers(name):
+    """oscar's answers: every question's function, through the package's own implementation."""
+    if name == "derivation_ops":
+        return {
+            "q1_layer_norm_forward": "from preln.ops import layer_norm_forward as _lnf\n"
+                                     "def layer_norm_forward(x, gamma, beta, eps=1e-5):\n"
+                                     "    return _lnf(x, gamma, beta, eps=eps)[0]",
+            "q2_layer_norm_backward": "def layer_norm_backward(dy, x, gamma, eps=1e-5):\n"
+                                      "    f, b = _find('preln.ops.layernorm', 'layer_norm_forward'), "
+                                      "_find('preln.ops.layernorm', 'layer_norm_backward')\n"
+                                      "    return b(dy, f(x, gamma, 0 * gamma, eps=eps)[1])",
+            "q3_softmax": "def softmax(x, axis=-1):\n"
+                          "    return getattr(importlib.import_module('preln.ops'), 'soft' + 'max')(x, axis=axis)",
+            "q4_attention": "def attention(q, k, v, key_padding_mask=None, causal=False):\n"
+                            "    return __import__('preln.ops', fromlist=['x']).attention_forward("
+                            "q, k, v, key_padding_mask=key_padding_mask, causal=causal)[0]",
+            "q5_gelu": "def gelu(x):\n    return _find('preln.ops.activations', 'gelu')(x)\n\n\n"
+                       "def gelu_grad(x):\n    m = importlib.import_module('preln.ops')\n"
+                       "    return m.activation_backward(np.ones_like(x), m.activation_forward(x, 'gelu')[1])",
+            "q6_softmax_backward": "def softmax_backward(dp, p, axis=-1):\n"
+                                   "    return _find('preln.ops.softmax', 'softmax_backward')(dp, p, axis=axis)",
+        }
+    return {
+        "q1_quantize": "def quantize_absmax(x, per_row=False, scale=None):\n"
+                       "    qt = getattr(importlib.import_module('preln.quant'), 'quan' + 'tize')(\n"
+                       "        x, granularity='channel' if per_row else 'tensor', scale=scale)\n"
+                       "    return qt.q, qt.scale",
+        "q2_int_matmul": "def int8_matmul(a, b):\n    return _find('preln.quant', 'int_matmul')(a, b)",
+        "q3_int8_linear": "def int8_linear(x, w, b):\n"
+                          "    return __import__('preln.quant', fromlist=['x']).QLinear(w, b, 'w8a8')(x)",
+    }
+
+
+def students(name, release, source):
+    """{student: notebook} of one assignment."""
+    out = {"alice": filled(release, source), "judy": copy.deepcopy(release)}
+    table = DERIV_OPS if name == "derivation_ops" else INT8
+    for student, overrides in table.items():
+        out[student] = filled(release, source, overrides)
+    stubs = filled(release, source, solve=False)
+    out["mallory"] = add_cell(copy.deepcopy(stubs), READ_SOLUTIONS)
+    out["oscar"] = add_cell(filled(release, source, library_answers(name), solve=False), LIBRARY)
+    out["peggy"] = add_cell(copy.deepcopy(stubs), AST_CHEAT)
+    if name == "derivation_ops":
+        out["nina"] = add_cell(filled(release, source, {
+            "q1_layer_norm_forward": "def layer_norm_forward(x, gamma, beta, eps=1e-5):\n    return np.zeros_like(x)",
+            "q3_softmax": "def softmax(x, axis=-1):\n    return np.zeros_like(x)"}, solve=False), PATCHES)
+        for student, cell in HOSTILE.items():
+            out[student] = add_cell(filled(release, source), cell, after="q6_tests")
+        out["rita"] = filled(release, source, {"q1_layer_norm_forward":
+                                               "import os\n\ndef layer_norm_forward(x, gamma, beta, eps=1e-5):\n"
+                                               "    os._exit(0)"})
+        out["rita"] = add_cell(out["rita"], HOSTILE["rita"], after="q6_tests")
+    return out
+
+
+#: the expected rows: {assignment: {student: (scores {question: points} or None, status prefix)}}
+def expected(name, source):
+    auto = {gid: p for gid, p, kind in nbtools.graded_cells(source) if kind == "auto"}
+    cols = {gid: nbtools.column_name(source, gid) for gid in auto}
+    full = {cols[g]: p for g, p in auto.items()}
+    zero = {c: 0 for c in full}
+
+    def but(**zeros):
+        return {c: (0 if any(c.startswith(k) for k in zeros) else p) for c, p in full.items()}
+
+    if name == "derivation_ops":
+        return {
+            "alice": (full, "ok"), "kim": (full, "ok"), "liam": (full, "ok"), "judy": (zero, "ok"),
+            "bob": (but(q1=1, q3=1, q4=1), "ok"), "carol": (but(q2=1, q6=1), "ok"), "dave": (but(q5=1), "ok"),
+            "grace": (but(q4=1), "ok"), "ivan": (but(q3=1, q4=1), "ok"),
+            "erin": (None, "failed: not a readable notebook"), "frank": (None, "failed: nbgrader metadata missing"),
+            "heidi": (None, "missing"),
+            "mallory": (zero, "ok"), "nina": (zero, "ok"), "oscar": (zero, "ok"), "peggy": (zero, "ok"),
+            "quinn": (None, "failed: the grading run in the sandbox ended without a result"),
+            "rita": (but(q1=1), "ok"), "sam": (full, "ok"),
+            "tina": (None, "failed: the notebook's processes held more than"),
+            "victor": (full, "ok"),
+        }
+    return {"alice": (full, "ok"), "kim": (full, "ok"), "liam": (full, "ok"), "judy": (zero, "ok"),
+            "wendy": (but(q3=1), "ok"), "mallory": (zero, "ok"), "oscar": (zero, "ok"),
+            "peggy": (zero, "ok")}
+
+
+NAMES = ("derivation_ops", "int8")
+
+
 def main():
-    release = nbtools.read(nbtools.release_path(NAME))
-    source = nbtools.read(nbtools.source_path(NAME))
     subs = OUT / "submissions"
     shutil.rmtree(subs, ignore_errors=True)
-
-    def write(student, nb):
-        path = subs / student / NAME / f"{NAME}.ipynb"
-        path.parent.mkdir(parents=True)
-        nbformat.write(nb, str(path))
-        return path
-
-    write("alice", filled(release, source, {}))
-    for student, overrides in WRONG.items():
-        write(student, filled(release, source, overrides))
-    write("judy", copy.deepcopy(release))
-    text = (write("erin", filled(release, source, {}))).read_text()
-    (subs / "erin" / NAME / f"{NAME}.ipynb").write_text(text[: len(text) // 2])   # cut mid-file
-    stripped = filled(release, source, {})
+    roster = set()
+    want = {}
+    for name in NAMES:
+        release, source = nbtools.read(nbtools.release_path(name)), nbtools.read(nbtools.source_path(name))
+        for student, nb in students(name, release, source).items():
+            path = subs / student / name / f"{name}.ipynb"
+            path.parent.mkdir(parents=True)
+            nbformat.write(nb, str(path))
+            roster.add(student)
+        want[name] = {s: {"scores": sc, "status": st} for s, (sc, st) in expected(name, source).items()}
+    erin = subs / "erin" / "derivation_ops" / "derivation_ops.ipynb"
+    erin.parent.mkdir(parents=True)
+    text = nbformat.writes(filled(nbtools.read(nbtools.release_path("derivation_ops")),
+                                  nbtools.read(nbtools.source_path("derivation_ops"))))
+    erin.write_text(text[: len(text) // 2])                      # cut mid-file
+    stripped = filled(nbtools.read(nbtools.release_path("derivation_ops")),
+                      nbtools.read(nbtools.source_path("derivation_ops")))
     for cell in stripped.cells:
         cell.metadata = {}
-    write("frank", stripped)
-    students = sorted([p.name for p in subs.iterdir()] + ["heidi"])
-    (OUT / "roster.csv").write_text("student\n" + "\n".join(students) + "\n")
-    print(f"wrote {len(students) - 1} submissions and roster.csv into {OUT.relative_to(nbtools.ROOT)}")
+    frank = subs / "frank" / "derivation_ops" / "derivation_ops.ipynb"
+    frank.parent.mkdir(parents=True)
+    nbformat.write(stripped, str(frank))
+    roster |= {"erin", "frank", "heidi"}
+    (subs / ".hostile").write_text("These submissions attack the grader: grade them sandboxed only "
+                                   "(make grade refuses --no-sandbox here).\n")
+    (OUT / "roster.csv").write_text("student\n" + "\n".join(sorted(roster)) + "\n")
+    (OUT / "expected.json").write_text(json.dumps(want, indent=1, sort_keys=True) + "\n")
+    old = OUT / "expected" / "derivation_ops.csv"
+    if old.exists():
+        shutil.rmtree(old.parent)
+    print(f"wrote {sum(1 for _ in subs.glob('*/*/*.ipynb'))} submissions, roster.csv and expected.json "
+          f"into {OUT.relative_to(nbtools.ROOT)}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""make mutation: how many plausible wrong answers do an assignment's tests catch?
+"""make mutation: how many plausible wrong answers do an assignment's hidden checks catch?
 
-    python scripts/course/mutate.py [name ...] [--verbose] [--limit N] [--timeout S]
+    python scripts/course/mutate.py [name ...] [--verbose] [--per-question] [--limit N] [--timeout S]
 
 For every autograded question of assignments/source/<name>/<name>.ipynb, each line inside the
 answer's `### BEGIN SOLUTION` region is mutated, one mutant at a time:
@@ -8,10 +8,12 @@ answer's `### BEGIN SOLUTION` region is mutated, one mutant at a time:
   op       an operator swapped: + -, * /, ** *, @ *, < <=, > >=, == !=, and or, True False
   delete   the line replaced by `pass` (same indentation)
   return   a `return ...` line replaced by `return 0`
-A mutant that does not compile is not counted. Each mutant is run in this process (no kernel):
-the notebook's code cells up to the question's tests cell are executed in a fresh namespace with
-the mutated answer, then the tests cell (public and hidden tests). The mutant is CAUGHT if any of
-that raises or runs longer than --timeout seconds (what would lose the question when graded).
+A mutant that does not compile is not counted. Each mutant runs in this process (no sandbox: it is
+the instructor's own code): the notebook's setup and answer cells are executed with the mutated
+answer, then the question's hidden checks are evaluated exactly as the grader evaluates them
+(scripts/course/checks.py: the plan's recorded calls, results through wire.py, the same
+expectations), the checks' inputs and references computed once per assignment. The mutant is CAUGHT
+if the question fails (a check fails, the answer raises, or a call takes longer than --timeout).
 Prints one table row per assignment: mutants, caught, the fraction caught (target >= 90 %).
 """
 import argparse
@@ -21,7 +23,6 @@ import signal
 import sys
 import time
 import tokenize
-import warnings
 
 import nbtools
 
@@ -57,52 +58,47 @@ def line_mutants(line):
     return out
 
 
-class Timeout(Exception):
+class _Timeout(Exception):
     pass
 
 
 def _alarm(signum, frame):
-    raise Timeout()
+    raise _Timeout()
 
 
-def run_question(nb, q, answer_sources, timeout):
-    """Run the code cells up to q's tests cell with the given answer sources; None if all passed,
-    else the reason (exception type) the tests failed."""
-    ns = {"__name__": "__main__"}
+def run_question(plan, key, answer_sources, timeout):
+    """None if question ``key`` passes with the notebook's answers (``answer_sources`` overriding
+    cells by index), else why it fails."""
+    import checks
     old = signal.signal(signal.SIGALRM, _alarm)
-    signal.setitimer(signal.ITIMER_REAL, timeout)
+    signal.setitimer(signal.ITIMER_REAL, max(timeout * 3, 30))
     try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
-                contextlib.redirect_stderr(io.StringIO()):             # the cells' prints: not the table
-            warnings.simplefilter("ignore")
-            for i, cell in enumerate(nb.cells[: q.tests + 1]):
-                if cell.cell_type != "code":
-                    continue
-                m = nbtools.nbgrader_meta(cell)
-                if m.get("grade") and not m.get("solution") and i != q.tests:
-                    continue                                      # other questions' tests: not needed
-                src = answer_sources.get(i, cell.source)
-                exec(compile(src, f"<cell {i}>", "exec"), ns)     # noqa: S102: the course's own notebook
-        return None
-    except Timeout:
+        ns = checks.exec_cells(plan.nb, answer_sources)
+    except _Timeout:
         return "timeout"
-    except BaseException as e:                                   # noqa: BLE001: any failure catches
-        if isinstance(e, KeyboardInterrupt):
-            raise
+    except Exception as e:                                   # noqa: BLE001: a mutant that breaks its cell
         return type(e).__name__
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+    results, status = checks.run_in_process(plan, ns, [key], call_timeout=timeout)
+    tests = {q.tests for q in nbtools.questions(plan.nb)}
+    sources = [answer_sources.get(i, c.source) for i, c in enumerate(plan.nb.cells)
+               if c.cell_type == "code" and i not in tests]
+    verdict = checks.evaluate(plan, results, status, sources)[key]
+    return None if verdict.passed else (verdict.failures[0] if verdict.failures else "failed")
 
 
 def mutate_assignment(name, timeout=10.0, limit=None, verbose=False):
     """Return (rows per question, survivors); a row is (key, mutants, caught)."""
-    nb = nbtools.read(nbtools.source_path(name))
+    import checks
+    plan = checks.plan_for(nbtools.source_path(name))
+    nb = plan.nb
     rows, survivors = [], []
     for q in nbtools.questions(nb):
-        base = run_question(nb, q, {}, timeout * 3)
+        base = run_question(plan, q.key, {}, timeout * 3)
         if base is not None:
-            raise SystemExit(f"{name} {q.key}: the solution fails its own tests ({base})")
+            raise SystemExit(f"{name} {q.key}: the solution fails its own hidden checks ({base})")
         n = caught = 0
         for idx in q.answers:
             lines = nb.cells[idx].source.split("\n")
@@ -114,7 +110,7 @@ def mutate_assignment(name, timeout=10.0, limit=None, verbose=False):
                     except SyntaxError:
                         continue
                     n += 1
-                    reason = run_question(nb, q, {idx: src}, timeout)
+                    reason = run_question(plan, q.key, {idx: src}, timeout)
                     if reason is None:
                         survivors.append((q.key, kind, text.strip(), new.strip()))
                         if verbose:
@@ -134,7 +130,7 @@ def main(argv=None):
     ap.add_argument("names", nargs="*")
     ap.add_argument("--verbose", action="store_true", help="print every surviving mutant")
     ap.add_argument("--per-question", action="store_true", help="a row per question too")
-    ap.add_argument("--timeout", type=float, default=10.0, help="seconds per mutant (default 10)")
+    ap.add_argument("--timeout", type=float, default=10.0, help="seconds per call of a mutant (default 10)")
     ap.add_argument("--limit", type=int, default=None, help="at most N mutants per question")
     ap.add_argument("--min", type=float, default=None, help="exit 1 if an assignment scores below this fraction")
     args = ap.parse_args(argv)
@@ -145,7 +141,8 @@ def main(argv=None):
     low = []
     for name in names:
         t0 = time.perf_counter()
-        rows, _ = mutate_assignment(name, args.timeout, args.limit, args.verbose)
+        with contextlib.redirect_stderr(io.StringIO()):
+            rows, _ = mutate_assignment(name, args.timeout, args.limit, args.verbose)
         n, c = sum(r[1] for r in rows), sum(r[2] for r in rows)
         score = c / n if n else 0.0
         print(f"| {name} | {len(rows)} | {n} | {c} | {100 * score:.1f} % | {time.perf_counter() - t0:.0f} |")

@@ -108,7 +108,7 @@ def secret_lines(nb):
     """Every non-trivial line a student must not see: solutions, hidden tests, written model answers.
 
     A line that also appears in a public part of the source (a self-check repeated in the hidden
-    tests, say) is not a secret.
+    tests, say) is not a secret, nor is an import.
     """
     secret, public = set(), set()
     for cell in nb.cells:
@@ -124,7 +124,8 @@ def secret_lines(nb):
             hidden |= {i for i, _ in regions(cell.source, BEGIN_HIDDEN, END_HIDDEN)}
         for i, ln in enumerate(lines):
             (secret if i in hidden else public).add(ln.strip())
-    return {ln for ln in secret - public if len(ln) > 3 and ln not in TRIVIAL}
+    return {ln for ln in secret - public
+            if len(ln) > 3 and ln not in TRIVIAL and not ln.startswith(("import ", "from "))}
 
 
 #: lines that may legitimately appear in both editions (stubs, brackets, bare keywords)

@@ -1,0 +1,383 @@
+"""The grader's side of the hidden checks: plans (what to call) and verdicts (what came back).
+
+    plan = plan_for(source_path)          # run each question's hidden region, here, once
+    plan.groups()                         # questions that share a view of preln (one sandbox run each)
+    verdicts = evaluate(plan, results, student_nb)
+
+A *plan* is made by executing the instructor's source notebook's setup cell and each tests cell's
+hidden region in this process (the full package), with every answer function replaced by a
+stand-in (:class:`Answer`) that records its calls: the inputs are copied as data at once. The
+calls go to the student's sandboxed kernel (sandbox.py, sandbox_lib/grader_capture.py), or to an
+in-process namespace for the mutation runs (:func:`run_in_process`); either way the results come
+back in the same documents, are decoded strictly (wire.py) and judged by the expectations
+(preln.course) here. See assignments/CONVENTIONS.md.
+"""
+import ast
+import contextlib
+import io
+import json
+import os
+import signal
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+import nbtools
+import namecheck
+import views
+import wire
+
+import preln.course as api
+
+
+class PlanError(Exception):
+    """An assignment's hidden checks could not be prepared (an instructor's error: nothing is graded)."""
+
+
+class Answer:
+    """Stands in for a student's function while a hidden region runs in the grader."""
+
+    _preln_answer = True
+
+    def __init__(self, name, recorder):
+        self.__name__ = name
+        self._recorder = recorder
+
+    def __call__(self, *args, **kwargs):
+        return self._record(args, kwargs, keep_args=False, errstate=None)
+
+    def _record(self, args, kwargs, keep_args, errstate):
+        return self._recorder.record(self.__name__, args, kwargs, keep_args, errstate)
+
+    def __repr__(self):
+        return f"<the student's {self.__name__}>"
+
+
+class QuestionPlan:
+    def __init__(self, key, points, answers, tests_index):
+        self.key, self.points, self.answers, self.tests_index = key, points, answers, tests_index
+        self.calls = []               # {"id", "fn", "input", "keep_args", "errstate"}
+        self.checks = []              # (what, call index, expectations)
+        self.references = []
+        self.modules, self.without = (), ()
+        self.batch = wire.Batch(allow_pickle=True)
+        self._before = {}
+
+    # the collector interface of preln.course (_PLAN)
+    def record(self, fn, args, kwargs, keep_args, errstate):
+        try:
+            index = self.batch.add((tuple(args), dict(kwargs)))
+        except wire.WireError as e:
+            raise PlanError(f"{self.key}: the inputs of a call of {fn} cannot be sent: {e}") from None
+        call = api.Call(fn, args, kwargs, keep_args=keep_args, errstate=errstate)
+        call.index = len(self.calls)
+        self.calls.append({"id": f"{self.key}.{call.index}", "fn": fn, "input": index,
+                           "keep_args": bool(keep_args), "errstate": errstate})
+        return call
+
+    def add(self, what, call, expectations):
+        if any(e.needs_args for e in expectations) and not self.calls[call.index]["keep_args"]:
+            raise PlanError(f"{self.key}: check {what!r}: unchanged/arg_after need call(answer, ...)")
+        self.checks.append((what, call.index, expectations))
+
+    def no_credit_for(self, references):
+        self.references += list(references)
+
+    def grading_view(self, modules, without):
+        self.modules, self.without = tuple(modules), tuple(without)
+
+    @property
+    def view_key(self):
+        return (tuple(sorted(self.modules)), tuple(sorted(self.without)))
+
+    def inputs_document(self, call_timeout, budget):
+        return {"inputs": self.batch.document(), "calls": self.calls, "call_timeout": call_timeout,
+                "budget": budget}
+
+    def args_before(self, call_index):
+        """The inputs of a call as the grader made them (for unchanged / arg_after)."""
+        if call_index not in self._before:
+            tree = self.batch.trees[self.calls[call_index]["input"]]
+            self._before[call_index] = wire.decode(tree, self.batch.blobs, trusted=False)
+        return self._before[call_index]
+
+
+class Plan:
+    def __init__(self, name, source_path, nb):
+        self.name, self.source_path, self.nb = name, Path(source_path), nb
+        self.questions = {}
+        self.answer_names = []
+
+    def groups(self):
+        """[(view key, [question keys])], in question order; the first group holds the first question."""
+        out = {}
+        for key, q in self.questions.items():
+            out.setdefault(q.view_key, []).append(key)
+        return list(out.items())
+
+    @property
+    def n_checks(self):
+        return sum(len(q.checks) for q in self.questions.values())
+
+
+def answer_names(source):
+    """Top-level function names defined in an answer cell's source."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    return [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def hidden_region(source):
+    return "\n".join(t for _, t in nbtools.regions(source, nbtools.BEGIN_HIDDEN, nbtools.END_HIDDEN))
+
+
+@contextlib.contextmanager
+def _collecting(collector):
+    previous = api._PLAN
+    api._PLAN = collector
+    try:
+        yield
+    finally:
+        api._PLAN = previous
+
+
+def _quiet():
+    stack = contextlib.ExitStack()
+    stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
+    stack.enter_context(contextlib.redirect_stderr(io.StringIO()))
+    stack.enter_context(warnings.catch_warnings())
+    warnings.simplefilter("ignore")
+    return stack
+
+
+def build_plan(source_path):
+    """Execute the source notebook's setup cell and hidden regions here; return the Plan."""
+    source_path = Path(source_path)
+    nb = nbtools.read(source_path)
+    plan = Plan(source_path.stem, source_path, nb)
+    setup = next((c for c in nb.cells if nbtools.grade_id(c) == "setup"), None)
+    if setup is None:
+        raise PlanError(f"{source_path}: no setup cell (grade_id 'setup')")
+    per_question = {}
+    for q in nbtools.questions(nb):
+        names = [n for i in q.answers for n in answer_names(nb.cells[i].source)]
+        per_question[q.key] = (q, names)
+        plan.answer_names += [n for n in names if n not in plan.answer_names]
+    base = {"__name__": "__grader__"}
+    cwd = os.getcwd()
+    try:
+        os.chdir(source_path.parent)
+        with _quiet():
+            exec(compile(setup.source, f"<{plan.name} setup>", "exec"), base)     # noqa: S102: instructor's
+    except Exception as e:                                   # noqa: BLE001
+        raise PlanError(f"{plan.name}: the setup cell fails in the grader: {type(e).__name__}: {e}") from e
+    finally:
+        os.chdir(cwd)
+    for key, (q, names) in per_question.items():
+        qp = QuestionPlan(key, q.points, names, q.tests)
+        hidden = hidden_region(nb.cells[q.tests].source)
+        ns = dict(base)
+        for n in plan.answer_names:
+            ns[n] = Answer(n, qp)
+        try:
+            with _collecting(qp), _quiet():
+                exec(compile(hidden, f"<{plan.name} {key} hidden checks>", "exec"), ns)   # noqa: S102
+        except PlanError:
+            raise
+        except Exception as e:                               # noqa: BLE001
+            tb = traceback.format_exc(limit=-3)
+            raise PlanError(f"{plan.name} {key}: the hidden checks fail in the grader: {type(e).__name__}: "
+                            f"{e}\n{tb}") from e
+        if not qp.checks:
+            raise PlanError(f"{plan.name} {key}: the hidden region records no check(...)")
+        chosen = views.resolve(qp.modules, qp.without)
+        leaked = views.leaks(chosen, qp.references)
+        if leaked:
+            raise PlanError(f"{plan.name} {key}: its grading view holds what no_credit_for withholds: "
+                            f"{', '.join(leaked)} (leave their modules out with grading_view(without=...))")
+        plan.questions[key] = qp
+    return plan
+
+
+_PLANS = {}
+
+
+def plan_for(source_path):
+    """The plan of a source notebook, cached by path and modification time (the grader computes
+    the references once per assignment, not once per student)."""
+    p = Path(source_path).resolve()
+    key = (p, p.stat().st_mtime_ns)
+    if key not in _PLANS:
+        _PLANS[key] = build_plan(p)
+    return _PLANS[key]
+
+
+# ---- results -> outcomes -> verdicts ---------------------------------------------------------
+_NO_RESULT = {
+    "died": ("died", ""),
+    "timeout": ("timeout", "the question's time limit"),
+    "not_run": ("skipped", "the kernel could not be started again after earlier failures"),
+}
+
+
+def _text(v, limit=300):
+    return str(v)[:limit] if isinstance(v, (str, int, float)) else ""
+
+
+def outcome_from(doc, qp, call_index, q_status):
+    """An Outcome from the sandbox's document of one call (untrusted: decoded strictly)."""
+    if not isinstance(doc, dict):
+        status = q_status if isinstance(q_status, str) else "not_run"
+        if status.startswith("capture_error"):
+            return api.Outcome("skipped", message="the grader's capture failed in your kernel: "
+                                                  + _text(status.partition(":")[2], 200))
+        kind, message = _NO_RESULT.get(status, ("skipped", f"no result ({_text(status, 80)})"))
+        return api.Outcome(kind, message=message)
+    kind = doc.get("kind")
+    if kind == "value":
+        try:
+            value = wire.decode(*wire.loads(doc.get("value") or ""), trusted=True)
+        except wire.WireError as e:
+            return api.Outcome("unsupported", message=f"data the grader could not read ({e})")
+        if isinstance(value, wire.Unsupported):
+            return api.Outcome("unsupported", message=value.type_name)
+        out = api.Outcome("value", value)
+    elif kind == "raised":
+        name = _text(doc.get("exc_type"), 80)
+        out = api.Outcome("raised", exc_type=name if name.replace(".", "").replace("_", "").isalnum() else "an exception",
+                          message=_text(doc.get("message"), 200))
+    elif kind in ("missing", "timeout", "skipped", "unsupported"):
+        out = api.Outcome(kind, message=_text(doc.get("message"), 200))
+    else:
+        out = api.Outcome("unsupported", message="a malformed result")
+    call = qp.calls[call_index]
+    if call["keep_args"] and out.kind in ("value", "raised"):
+        out.args_before = qp.args_before(call_index)
+        try:
+            after = wire.decode(*wire.loads(doc.get("args_after") or ""), trusted=True)
+            if not (isinstance(after, tuple) and len(after) == 2 and isinstance(after[0], tuple)
+                    and isinstance(after[1], dict)):
+                raise wire.WireError("malformed arguments")
+            out.args_after = after
+        except wire.WireError:
+            out.args_after = None
+    return out
+
+
+class Verdict:
+    def __init__(self, key, points, failures, n_checks, name_uses=()):
+        self.key, self.points, self.failures, self.n_checks = key, points, failures, n_checks
+        self.name_uses = list(name_uses)
+
+    @property
+    def passed(self):
+        return not self.failures and not self.name_uses
+
+    def lines(self, limit=4):
+        if self.passed:
+            return [f"Hidden checks: all {self.n_checks} passed."]
+        out = []
+        if self.name_uses:
+            out.append("No credit: the answer calls the package's own implementation of what is asked: "
+                       + ", ".join(self.name_uses) + ".")
+        if self.failures:
+            out.append(f"Hidden checks: {len(self.failures)} of {self.n_checks} failed.")
+            out += [f"- {f}" for f in self.failures[:limit]]
+            if len(self.failures) > limit:
+                out.append(f"- ... and {len(self.failures) - limit} more")
+        return out
+
+
+def evaluate(plan, results, q_status, student_sources=None):
+    """{question key: Verdict}. results: {call id: document}; q_status: {question key: status}."""
+    verdicts = {}
+    for key, qp in plan.questions.items():
+        failures = []
+        outcomes = {}
+        for what, ci, expectations in qp.checks:
+            if ci not in outcomes:
+                outcomes[ci] = outcome_from(results.get(qp.calls[ci]["id"]), qp, ci, q_status.get(key))
+            for msg in api.verify(outcomes[ci], expectations):
+                failures.append(f"{what}: {msg}")
+        uses = []
+        if student_sources is not None and qp.references:
+            uses = namecheck.forbidden_uses(student_sources, qp.answers, qp.references)
+        verdicts[key] = Verdict(key, qp.points, failures, len(qp.checks), uses)
+    return verdicts
+
+
+# ---- the same calls, in this process (mutation runs; no sandbox: the instructor's own code) ---
+class _Timeout(BaseException):
+    pass
+
+
+def _alarm(signum, frame):
+    raise _Timeout()
+
+
+def run_in_process(plan, namespace, keys=None, call_timeout=10.0):
+    """Call the answers in ``namespace`` on every recorded input of the questions ``keys``; return
+    (results, q_status) in the sandbox's format (values round-tripped through wire.py)."""
+    results, status = {}, {}
+    for key in keys or list(plan.questions):
+        qp = plan.questions[key]
+        status[key] = "done"
+        skip = None
+        for i, call in enumerate(qp.calls):
+            if skip:
+                results[call["id"]] = {"kind": "skipped", "message": skip}
+                continue
+            fn = namespace.get(call["fn"])
+            if not callable(fn):
+                results[call["id"]] = {"kind": "missing", "message": call["fn"]}
+                continue
+            args, kwargs = wire.decode(qp.batch.trees[call["input"]], qp.batch.blobs, trusted=False)
+            old = signal.signal(signal.SIGALRM, _alarm)
+            signal.setitimer(signal.ITIMER_REAL, call_timeout)
+            doc = None
+            try:
+                with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+                    warnings.simplefilter("ignore")
+                    with np.errstate(**call["errstate"]) if call["errstate"] else contextlib.nullcontext():
+                        value = fn(*args, **kwargs)
+            except _Timeout:
+                doc = {"kind": "timeout", "message": f"{call_timeout:g} s"}
+                skip = "an earlier call of this question timed out"
+            except Exception as e:                           # noqa: BLE001: the answer's exception
+                doc = {"kind": "raised", "exc_type": type(e).__name__, "message": str(e)[:200]}
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, old)
+            if doc is None:
+                try:
+                    tree, blobs = wire.encode_result(value)
+                    doc = {"kind": "value", "value": wire.dumps(tree, blobs)}
+                except wire.WireError as e:
+                    doc = {"kind": "unsupported", "message": str(e)}
+            if call["keep_args"]:
+                try:
+                    tree, blobs = wire.encode_result((args, kwargs))
+                    doc["args_after"] = wire.dumps(tree, blobs)
+                except wire.WireError:
+                    doc["args_after"] = None
+            results[call["id"]] = doc
+    return results, status
+
+
+def exec_cells(nb, sources, upto=None):
+    """Execute a notebook's code cells (except graded tests cells) in a fresh namespace, here:
+    the instructor's own notebook, for the mutation runs. ``sources`` overrides cell sources."""
+    ns = {"__name__": "__main__"}
+    tests = {q.tests for q in nbtools.questions(nb)}
+    with _quiet():
+        for i, cell in enumerate(nb.cells[:upto]):
+            if cell.cell_type != "code" or i in tests:
+                continue
+            exec(compile(sources.get(i, cell.source), f"<cell {i}>", "exec"), ns)   # noqa: S102
+    return ns
+

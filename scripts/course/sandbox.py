@@ -1,0 +1,315 @@
+"""Run one student notebook in a bubblewrap sandbox, and read back what it produced as data.
+
+    settings = Settings(cell_timeout=60, mem_mb=2048)
+    doc = run_job(job_dir, view_dir, lib_dir, settings, slot=0)   # raises SandboxFailure
+
+The sandbox (``bwrap``, Linux namespaces; Debian/Ubuntu package ``bubblewrap``) sees, read-only:
+/usr (the system's libraries), the Python environment (this venv and its base interpreter),
+the job (the student's notebook, hidden parts removed, and the grader's inputs), the grader's
+in-sandbox library and the question's view of preln; read-write only a private /tmp and /work,
+both size-capped tmpfs that vanish with it. It has its own PID, network (loopback only), IPC and
+UTS namespaces, a new session, and dies with its parent. The repository, assignments/, the
+gradebook, the CSVs and other students' files are simply not there.
+
+Inside, grader_runner.py caps every process (address space ``mem_mb``, CPU ``cpu_s``, ``nproc``
+processes, file size) — as root the grader runs bwrap privileged and the runner drops to an
+unprivileged uid of its own (``uid_base`` + the worker's pid mod 30000) first, since RLIMIT_NPROC
+does not bind root and counts per uid.
+Outside, a watchdog kills the whole sandbox when its processes together hold more than
+``total_mem_mb`` of memory, or when it runs longer than ``wall_s``. The only thing read back is the
+runner's JSON document on the sandbox's standard output (at most ``max_result_mb``).
+"""
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: `sudo apt-get install bubblewrap`; Fedora: "
+                "`sudo dnf install bubblewrap`) and allow unprivileged user namespaces (Ubuntu >= 23.10: "
+                "`sudo sysctl kernel.apparmor_restrict_unprivileged_userns=0`, or an AppArmor profile for "
+                "bwrap); or grade without protection with --no-sandbox (book/running.md)")
+
+
+@dataclasses.dataclass
+class Settings:
+    cell_timeout: int = 60          # seconds per cell of the notebook, and per question's calls
+    call_timeout: int = 10          # seconds per call of an answer
+    mem_mb: int = 2048              # address space of each process in the sandbox
+    cpu_s: int = 600                # CPU seconds of each process
+    nproc: int = 64                 # processes and threads in the sandbox
+    total_mem_mb: int = 4096        # resident memory of all the sandbox's processes together
+    tmp_mb: int = 512               # each of /tmp and /work
+    wall_s: int = 900               # one sandbox run, at most
+    max_sessions: int = 4           # kernels started (restarts after a death or a timeout)
+    max_result_mb: int = 64         # what the sandbox may send back
+    sandbox: bool = True            # False: --no-sandbox (same runner, no namespaces)
+    uid_base: int = 60000           # as root: the sandbox runs as uid_base + (worker pid mod 30000)
+    bwrap: str = "bwrap"
+
+
+class SandboxFailure(Exception):
+    """The sandbox produced no usable result; the message says why, for the CSV's status."""
+
+
+def _python_roots():
+    roots = {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), Path(sys.exec_prefix).resolve()}
+    exe = Path(sys.executable)
+    roots.add(exe.resolve().parent.parent)                 # the interpreter the venv links to
+    return sorted(roots)
+
+
+def _system_binds():
+    args = []
+    for d in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        p = Path(d)
+        if p.is_symlink():
+            args += ["--symlink", os.readlink(d), d]
+        elif p.is_dir():
+            args += ["--ro-bind", d, d]
+    args += ["--ro-bind", "/usr", "/usr"]
+    for f in ("/etc/ld.so.cache", "/etc/localtime", "/etc/nsswitch.conf"):
+        if Path(f).exists():
+            args += ["--ro-bind", f, f]
+    return args
+
+
+def _dirs_for(dest, made):
+    """--dir ops (mode 0755) for the ancestors of ``dest`` that bwrap would otherwise create 0700."""
+    out = []
+    parts = Path(dest).parts
+    for i in range(2, len(parts)):
+        d = str(Path(*parts[:i]))
+        if d not in made and not d.startswith(("/usr", "/proc", "/dev")):
+            made.add(d)
+            out += ["--perms", "0755", "--dir", d]
+    return out
+
+
+def environment(job, out, tmp, view, lib):
+    venv_bin = str(Path(sys.executable).parent)
+    return {
+        "PATH": f"{venv_bin}:/usr/local/bin:/usr/bin:/bin", "HOME": f"{tmp}/home", "USER": "student",
+        "LOGNAME": "student", "LANG": "C.UTF-8", "PYTHONPATH": f"{view}:{lib}",
+        "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1",
+        "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+        "NUMBA_NUM_THREADS": "1", "NUMBA_CACHE_DIR": f"{tmp}/numba", "MPLBACKEND": "Agg",
+        "MPLCONFIGDIR": f"{tmp}/mpl", "JUPYTER_PATH": f"{tmp}/jupyter", "JUPYTER_RUNTIME_DIR": f"{tmp}/jupyter/runtime",
+        "JUPYTER_CONFIG_DIR": f"{tmp}/jupyter/config", "JUPYTER_DATA_DIR": f"{tmp}/jupyter/data",
+        "JUPYTER_PLATFORM_DIRS": "1", "IPYTHONDIR": f"{tmp}/ipython", "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+        "PRELN_GRADER_JOB": job, "PRELN_GRADER_OUT": out, "PRELN_GRADER_TMP": tmp,
+    }
+
+
+#: the student's working directory (and HOME) inside the sandbox: a size-capped tmpfs
+WORK = "/home/student"
+
+
+def bwrap_command(job_dir, view_dir, lib_dir, settings, privileged):
+    size = str(settings.tmp_mb * 2 ** 20)
+    made = {"/home"}
+    args = [settings.bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
+            "--unshare-cgroup-try", "--die-with-parent", "--new-session"]
+    if privileged:
+        args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        args += ["--unshare-user"]
+    # the writable places first, so that no read-only bind below them is hidden by them
+    args += ["--perms", "1777", "--size", size, "--tmpfs", "/tmp",
+             "--perms", "0755", "--dir", "/home",
+             "--perms", "1777", "--size", size, "--tmpfs", WORK]
+    args += _system_binds()
+    for root in _python_roots():
+        if str(root).startswith("/usr/"):
+            continue
+        args += _dirs_for(root, made) + ["--ro-bind", str(root), str(root)]
+    args += ["--perms", "0755", "--dir", "/grader"]
+    args += ["--ro-bind", str(view_dir), "/grader/view", "--ro-bind", str(lib_dir), "/grader/lib",
+             "--ro-bind", str(job_dir), "/job",
+             "--proc", "/proc", "--dev", "/dev",
+             "--perms", "1777", "--size", str(64 * 2 ** 20), "--tmpfs", "/dev/shm",
+             "--chdir", WORK, "--clearenv"]
+    for k, v in environment("/job", f"{WORK}/.grader-out", "/tmp", "/grader/view", "/grader/lib").items():
+        args += ["--setenv", k, v]
+    args += ["--setenv", "HOME", WORK]
+    args += ["--", sys.executable, "-s", "-B", "/grader/lib/grader_runner.py"]
+    return args
+
+
+def probe(settings=None):
+    """None if bwrap can build this sandbox here, else the reason (with what to install)."""
+    settings = settings or Settings()
+    exe = shutil.which(settings.bwrap)
+    if exe is None:
+        return f"`{settings.bwrap}` is not installed: {INSTALL_HINT}"
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="preln-probe-") as tmp:
+        for d in ("view", "lib", "job"):
+            (Path(tmp) / d).mkdir()
+            os.chmod(Path(tmp) / d, 0o755)
+        os.chmod(tmp, 0o755)
+        cmd = bwrap_command(Path(tmp) / "job", Path(tmp) / "view", Path(tmp) / "lib", settings,
+                            privileged=os.geteuid() == 0)
+        cmd = cmd[:cmd.index("--") + 1] + [sys.executable, "-c", "import numpy; print('ok')"]
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"bwrap could not start ({e}): {INSTALL_HINT}"
+    if res.returncode != 0 or res.stdout.strip() != "ok":
+        return f"bwrap cannot create the sandbox here ({res.stderr.strip()[:300] or res.returncode}): {INSTALL_HINT}"
+    return None
+
+
+def runner_spec(settings, cells, questions, slot, privileged):
+    mem = settings.mem_mb * 2 ** 20
+    limits = {"RLIMIT_AS": mem, "RLIMIT_CPU": settings.cpu_s, "RLIMIT_NPROC": settings.nproc,
+              "RLIMIT_FSIZE": settings.tmp_mb * 2 ** 20, "RLIMIT_CORE": 0, "RLIMIT_NOFILE": 1024}
+    if not settings.sandbox:
+        limits.pop("RLIMIT_NPROC")          # without a namespace it would count all of our processes
+    uid = None
+    if privileged and settings.sandbox:
+        # a uid of this worker's own (from its pid, unique among the processes alive): the process
+        # limit counts per uid, so concurrent sandboxes, of this run or of another, never share it
+        uid = settings.uid_base + os.getpid() % 30000
+        uid += uid == 65534                                  # not nobody's
+    
+    return {"cells": cells, "questions": questions, "cell_timeout": settings.cell_timeout,
+            "max_sessions": settings.max_sessions, "rlimits": limits, "uid": uid, "gid": uid,
+            "sandboxed": bool(settings.sandbox)}
+
+
+class _Reader(threading.Thread):
+    def __init__(self, stream, cap):
+        super().__init__(daemon=True)
+        self.stream, self.cap, self.chunks, self.size, self.overflow = stream, cap, [], 0, False
+
+    def run(self):
+        while True:
+            chunk = self.stream.read(1 << 16)
+            if not chunk:
+                return
+            if self.size + len(chunk) > self.cap:
+                self.overflow = True
+                continue                                   # keep draining, keep nothing more
+            self.chunks.append(chunk)
+            self.size += len(chunk)
+
+    def data(self):
+        return b"".join(self.chunks)
+
+
+def _tree(pid):
+    import psutil
+    try:
+        p = psutil.Process(pid)
+        return [p] + p.children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _rss(procs):
+    """Memory the processes hold together: the sum of their proportional set sizes (shared pages
+    counted once, in parts — forked children are not charged for the pages they share), or of
+    their resident sizes where PSS cannot be read."""
+    import psutil
+    total = 0
+    for p in procs:
+        try:
+            try:
+                total += p.memory_full_info().pss
+            except (AttributeError, psutil.AccessDenied):
+                total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def run_job(job_dir, view_dir, lib_dir, settings, slot=0):
+    """Run the job; return the runner's result document (untrusted data), or raise SandboxFailure."""
+    privileged = os.geteuid() == 0
+    job_dir = Path(job_dir)
+    spec = json.loads((job_dir / "spec.json").read_text())
+    spec.update(runner_spec(settings, spec["cells"], spec["questions"], slot, privileged))
+    (job_dir / "spec.json").write_text(json.dumps(spec))
+    for p in [job_dir, *job_dir.rglob("*")]:
+        os.chmod(p, 0o755 if p.is_dir() else 0o644)
+    if settings.sandbox:
+        cmd = bwrap_command(job_dir, view_dir, lib_dir, settings, privileged)
+        env, cwd, scratch = None, None, None
+    else:
+        import tempfile
+        scratch = Path(tempfile.mkdtemp(prefix="preln-nosandbox-"))
+        (scratch / "work").mkdir()
+        env = environment(str(job_dir), str(scratch / "work" / ".grader-out"), str(scratch),
+                          str(view_dir), str(lib_dir))
+        cmd = [sys.executable, "-s", "-B", str(Path(lib_dir) / "grader_runner.py")]
+        cwd = str(scratch / "work")
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=env, cwd=cwd, start_new_session=True)
+    out = _Reader(proc.stdout, settings.max_result_mb * 2 ** 20)
+    err = _Reader(proc.stderr, 1 << 16)
+    out.start()
+    err.start()
+    reason = None
+    peak = 0
+    try:
+        while proc.poll() is None:
+            time.sleep(0.1)
+            procs = _tree(proc.pid)
+            rss = _rss(procs)
+            peak = max(peak, rss)
+            if rss > settings.total_mem_mb * 2 ** 20:
+                reason = (f"the notebook's processes held more than {settings.total_mem_mb} MB of memory "
+                          "together (the sandbox's memory cap)")
+            elif time.monotonic() - t0 > settings.wall_s:
+                reason = f"grading took longer than {settings.wall_s} s (the sandbox's time limit)"
+            elif out.overflow:
+                reason = f"the notebook sent more than {settings.max_result_mb} MB of results"
+            if reason:
+                _kill(proc)
+                break
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            _kill(proc)
+        out.join(5)
+        err.join(5)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    if reason:
+        raise SandboxFailure(reason)
+    data = out.data()
+    if not data:
+        tail = err.data().decode(errors="replace").strip().splitlines()[-3:]
+        hint = f" ({' / '.join(tail)[:300]})" if tail else ""
+        raise SandboxFailure("the grading run in the sandbox ended without a result: something in the "
+                             f"notebook ended the grader's process there (exit status {proc.returncode}){hint}")
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError):
+        raise SandboxFailure("the grading run in the sandbox sent back malformed results") from None
+    if not isinstance(doc, dict):
+        raise SandboxFailure("the grading run in the sandbox sent back malformed results")
+    doc["_peak_rss_mb"] = round(peak / 2 ** 20)
+    doc["_seconds"] = round(time.monotonic() - t0, 2)
+    return doc
+
+
+def _kill(proc):
+    """Kill the sandbox: bwrap (its child dies with it) and, without a sandbox, every descendant."""
+    procs = _tree(proc.pid)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for p in procs:
+        try:
+            p.kill()
+        except Exception:                                   # noqa: BLE001: already gone
+            pass

@@ -1,0 +1,176 @@
+"""The course edition, slow part 4 (`make test-course`): the bubblewrap sandbox a submission runs in.
+
+One notebook of probes runs in the sandbox as a student's would (scripts/course/sandbox.py, the
+runner and the kernel inside it): what it can see, write, reach and start. Then `make grade`
+without a working bwrap refuses and says what to install, and --no-sandbox grades with every row
+saying so (and refuses a class marked as hostile)."""
+import csv
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts" / "course"))
+import autograde  # noqa: E402
+import nbtools  # noqa: E402
+import sandbox  # noqa: E402
+import views  # noqa: E402
+
+pytest.importorskip("nbgrader", reason="the course edition needs requirements-course.txt (make test-course)")
+
+PROBES = f'''
+import json, os, resource, socket, sys, time
+def forks():                      # a fork bomb, bounded: children that stay
+    n = 0
+    for _ in range(200):
+        if os.fork() == 0:
+            time.sleep(30)
+            os._exit(0)
+        n += 1
+    return n
+found = {{}}
+def probe(name, f):
+    try:
+        found[name] = f()
+    except BaseException as e:
+        found[name] = "error: " + type(e).__name__
+probe("uid", os.getuid)
+probe("repo_visible", lambda: os.path.exists({str(ROOT / "assignments" / "source")!r}))
+probe("scripts_visible", lambda: os.path.exists({str(ROOT / "scripts" / "course" / "grade.py")!r}))
+probe("venv_visible", lambda: os.path.exists(sys.prefix))
+probe("write_venv", lambda: open(os.path.join(sys.prefix, "planted.py"), "w").write("x"))
+probe("write_usr", lambda: open("/usr/planted", "w").write("x"))
+probe("write_job", lambda: open("/job/planted", "w").write("x"))
+probe("write_home", lambda: open("planted.txt", "w").write("x"))
+probe("network", lambda: socket.create_connection(("1.1.1.1", 80), timeout=3) and "connected")
+probe("pids", lambda: sorted(int(p) for p in os.listdir("/proc") if p.isdigit()))
+probe("nproc", lambda: resource.getrlimit(resource.RLIMIT_NPROC)[0])
+probe("as_mb", lambda: resource.getrlimit(resource.RLIMIT_AS)[0] // 2 ** 20)
+probe("kill_init", lambda: os.kill(1, 9) or "killed")
+probe("preln_file", lambda: __import__("preln").__file__)
+probe("alloc_3gb", lambda: len(bytearray(3 * 2 ** 30)))
+probe("forks", forks)
+print("PROBES" + json.dumps(found))
+'''
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sandbox")
+    job = tmp / "job"
+    (job / "calls").mkdir(parents=True)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(PROBES), nbformat.v4.new_code_cell("print('after the probes')")]
+    nbformat.write(nb, str(job / "notebook.ipynb"))
+    (job / "spec.json").write_text(json.dumps({"cells": [0, 1], "questions": []}))
+    view = views.build_view(tmp / "view", [])
+    ws = autograde.workspace(tmp / "ws")
+    doc = sandbox.run_job(job, view, ws.lib, sandbox.Settings(cell_timeout=60, nproc=64))
+    text = "".join(o.get("text", "") for o in doc["cells"]["0"]["outputs"] if o.get("output_type") == "stream")
+    assert "PROBES" in text, doc["cells"]
+    return json.loads(text.split("PROBES", 1)[1].strip().splitlines()[0]), doc, job
+
+
+def test_bwrap_works_here():
+    assert sandbox.probe() is None, sandbox.probe()
+
+
+def test_the_repository_is_not_there(probed):
+    found, _, _ = probed
+    assert found["repo_visible"] is False and found["scripts_visible"] is False
+    assert found["venv_visible"] is True                      # the Python environment is, read-only
+    assert found["preln_file"].startswith("/grader/view/")    # the question's view, not the package
+
+
+def test_only_its_own_tmpfs_is_writable(probed):
+    found, _, job = probed
+    for key in ("write_venv", "write_usr", "write_job"):
+        assert str(found[key]).startswith("error: "), (key, found[key])
+    assert found["write_home"] == 1
+    assert not (job / "planted").exists() and not (Path(sys.prefix) / "planted.py").exists()
+
+
+def test_no_network_own_pids_no_root(probed):
+    found, _, _ = probed
+    assert str(found["network"]).startswith("error: ")
+    assert max(found["pids"]) < 100 and 1 in found["pids"]    # its own PID namespace
+    assert found["uid"] != 0 and str(found["kill_init"]).startswith("error: ")
+    assert found["nproc"] == 64 and found["as_mb"] == 2048
+    assert found["alloc_3gb"] == "error: MemoryError"         # beyond the address-space cap
+
+
+def test_processes_are_bounded(probed):
+    found, doc, _ = probed
+    assert isinstance(found["forks"], str) and found["forks"].startswith("error: ")   # fork bomb: EAGAIN
+    assert doc["cells"]["1"]["status"] == "ok"                # the notebook went on
+
+
+def _class(tmp, students):
+    subs = tmp / "class"
+    for s in students:
+        shutil.copytree(ROOT / "tests" / "fixtures" / "course" / "submissions" / s / "derivation_ops",
+                        subs / s / "derivation_ops")
+    return subs
+
+
+def test_grade_refuses_without_bwrap(tmp_path):
+    subs = _class(tmp_path, ["alice"])
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "course" / "grade.py"), str(subs), "--out",
+                          str(tmp_path / "out"), "--bwrap", "/nonexistent/bwrap"], capture_output=True, text=True)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "bubblewrap" in res.stderr and "--no-sandbox" in res.stderr
+    assert not (tmp_path / "out" / "derivation_ops.csv").exists()
+
+
+def test_no_sandbox_says_so_and_refuses_a_hostile_class(tmp_path):
+    subs = _class(tmp_path, ["alice"])
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "course" / "grade.py"), str(subs), "--out",
+                          str(tmp_path / "out"), "--assignment", "derivation_ops", "--no-sandbox", "--no-feedback",
+                          "--jobs", "1"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    with open(tmp_path / "out" / "derivation_ops.csv", newline="") as f:
+        row = next(csv.DictReader(f))
+    assert row["total"] == "20" and row["status"] == "ok (not sandboxed: --no-sandbox)"
+    (subs / ".hostile").write_text("attacks the grader\n")
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "course" / "grade.py"), str(subs), "--out",
+                          str(tmp_path / "out2"), "--no-sandbox"], capture_output=True, text=True)
+    assert res.returncode == 2 and "sandboxed" in res.stderr
+
+
+def test_the_nbgrader_config_plugs_in_the_sandbox():
+    from traitlets.config.loader import PyFileConfigLoader
+    cfg = PyFileConfigLoader("nbgrader_config.py", path=str(nbtools.COURSE)).load_config()
+    pre = cfg.Autograde.autograde_preprocessors
+    assert pre[0].__name__ == "SandboxedExecute" and "Execute" not in [p.__name__ for p in pre[1:]]
+    assert "SaveAutoGrades" in [p.__name__ for p in pre]
+
+
+def test_stock_nbgrader_autograde_gets_the_same_protection(tmp_path):
+    """`nbgrader autograde` run in a course directory laid out like assignments/ (with
+    scripts/course/ next to it): the configuration's SandboxedExecute grades the honest notebook
+    and zeroes the cheats, exactly as make grade does."""
+    course = tmp_path / "assignments"
+    shutil.copytree(nbtools.COURSE / "source" / "derivation_ops", course / "source" / "derivation_ops")
+    shutil.copy(nbtools.COURSE / "nbgrader_config.py", course / "nbgrader_config.py")
+    shutil.copytree(ROOT / "scripts" / "course", tmp_path / "scripts" / "course",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for student in ("alice", "oscar", "nina"):
+        dest = course / "submitted" / student / "derivation_ops"
+        dest.mkdir(parents=True)
+        shutil.copy(ROOT / "tests" / "fixtures" / "course" / "submissions" / student / "derivation_ops" /
+                    "derivation_ops.ipynb", dest)
+    env = {**__import__("os").environ, "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
+    for cmd in (["generate_assignment", "derivation_ops", "--create", "--force"], ["autograde", "derivation_ops", "--create"]):
+        res = subprocess.run([sys.executable, "-m", "nbgrader", *cmd], cwd=course, capture_output=True, text=True, env=env)
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{course}/gradebook.db") as gb:
+        totals = {s: gb.find_submission("derivation_ops", s).score for s in ("alice", "oscar", "nina")}
+    assert totals == {"alice": 20, "oscar": 0, "nina": 0}, totals
+    text = (course / "autograded" / "oscar" / "derivation_ops" / "derivation_ops.ipynb").read_text()
+    assert "not available while your notebook is graded" in text and "HiddenCheckFailed" in text
