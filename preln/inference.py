@@ -6,8 +6,11 @@
     roof = inf.measure_roofline()                        # this machine: peak GEMM FLOP/s, bandwidth
     ops = inf.op_traffic(BlockConfig(512, 8, 2048), B=4, S=512, schedule="unfused")
     ops[0].intensity                                     # FLOPs per byte of main-memory traffic
-    out, io = inf.tiled_attention_io(q, k, v, M=4096)    # FlashAttention, slow-memory accesses counted
+    out, io = inf.tiled_attention_io(q, k, v, C=4096)    # FlashAttention, slow-memory accesses counted
     inf.decode_cost(cfg, n_layers=40, batch=8, context=2048, itemsize=2)
+    llama = inf.PUBLISHED_MODELS["Llama 3 8B"]           # grouped-query attention, 8 KV heads
+    inf.step_ops(llama, batch=16, new=1, context=4096)  # one decode step's ops, one layer
+    inf.predict_generation(llama, inf.PUBLISHED["H100 SXM"], batch=1, prompt=512, n_new=128)
 
 The roofline (Williams, Waterman & Patterson 2009, CACM 52(4)) bounds the speed of a kernel that
 does F FLOPs and moves Q bytes between main memory and the processor by
@@ -41,21 +44,33 @@ cache. FLOPs are :mod:`preln.shapes`'s counts (a multiply-add is 2).
 Attention I/O
 -------------
 :func:`standard_attention_io` and :func:`tiled_attention_io` compute attention for one head while
-counting every element moved between *slow* memory (HBM, or main memory) and a *fast* memory of M
-elements (SRAM, or cache), following Dao et al. 2022 (FlashAttention, arXiv 2205.14135):
-Algorithm 0 (standard: S and P are written to and read back from slow memory) and Algorithm 1
-(tiled, block sizes ``B_c = ceil(M / 4d)``, ``B_r = min(B_c, d)``, online softmax). Theorem 2:
-standard attention needs Theta(Nd + N^2) accesses, FlashAttention Theta(N^2 d^2 / M).
-:func:`attention_accesses` is the closed form both instrumented functions are tested against.
+counting every element moved between *slow* memory (HBM, or main memory) and a *fast* memory of C
+elements (SRAM, or cache; the paper's M, renamed because the book's M is the attention mask),
+following Dao et al. 2022 (FlashAttention, arXiv 2205.14135) with the paper's N (sequence length)
+and d (head width): Algorithm 0 (standard: the scores Z and P are written to and read back from
+slow memory) and Algorithm 1 (tiled, block sizes ``B_c = ceil(C / 4d)``, ``B_r = min(B_c, d)``,
+online softmax, outer loop over key blocks: "fa1"), and the loop order of FlashAttention-2 (Dao
+2023, arXiv 2307.08691: outer loop over query blocks, an unnormalised accumulator, "fa2").
+Theorem 2: standard attention needs Theta(Nd + N^2) accesses, FlashAttention Theta(N^2 d^2 / C).
+:func:`attention_access_terms` and :func:`attention_accesses` are the closed forms, term by term
+and summed, that the instrumented functions are tested against.
 
 Decoding
 --------
-:func:`kv_cache_bytes` is ``2 * n_layers * batch * seq * d_model * itemsize`` (K and V per layer;
-multi-head attention, d_model = n_heads * d_head); Kwon et al. 2023 (vLLM, arXiv 2309.06180, §3)
-give OPT-13B's 800 KB per token. :func:`decode_cost` counts one decoding step: every weight is
-read once per step and shared by the batch, each sequence reads its own KV cache, so the
-arithmetic intensity is about ``2 * batch / itemsize`` FLOPs per byte while the weights dominate
-the traffic -- about the batch size in 16-bit formats.
+:func:`kv_cache_bytes` is ``2 * n_layers * batch * seq * n_kv * d_head * itemsize`` (K and V per
+layer; multi-head attention has n_kv * d_head = d_model; grouped-query attention fewer KV heads);
+Kwon et al. 2023 (vLLM, arXiv 2309.06180, section 3) give OPT-13B's 800 KB per token.
+:func:`decode_cost` counts one decoding step: every weight is read once per step and shared by the
+batch, each sequence reads its own KV cache, so the arithmetic intensity is about
+``2 * batch / itemsize`` FLOPs per byte while the weights dominate the traffic -- about the batch
+size in 16-bit formats (Pope et al. 2022, arXiv 2211.05102, section 2).
+
+:func:`step_ops` splits a forward step of a :class:`ModelShape` (published configurations in
+:data:`PUBLISHED_MODELS`) into its ops, for a prefill (all prompt positions at once) or a decode
+step (one position per sequence): the per-op roofline. :func:`step_time` sums the ops' roofline
+bounds, :func:`predict_generation` turns them into time to first token (TTFT) and time per output
+token (TPOT), :func:`compute_bound_batch` finds the batch at which an op crosses a ridge point, and
+:func:`time_generation` measures TTFT and TPOT of a :class:`preln.lm.TinyLM` on this machine.
 """
 from __future__ import annotations
 
@@ -71,9 +86,12 @@ from .shapes import shape_flow
 
 __all__ = ["Roofline", "PUBLISHED", "measure_gemm", "measure_bandwidth", "measure_roofline",
            "OpTraffic", "op_traffic", "SCHEDULES", "FUSED_KERNELS", "time_ops",
-           "IOCount", "standard_attention_io", "tiled_attention_io", "attention_accesses",
-           "flash_block_sizes", "reference_attention", "kv_cache_bytes", "DecodeCost",
-           "decode_cost", "block_params", "time_decode", "FusionTiming", "time_fusion"]
+           "IOCount", "standard_attention_io", "tiled_attention_io", "ORDERS", "attention_accesses",
+           "attention_access_terms", "flash_block_sizes", "reference_attention", "kv_cache_bytes",
+           "weight_bytes_per_value", "DecodeCost", "decode_cost", "block_params", "ModelShape",
+           "PUBLISHED_MODELS", "model_shape", "step_ops", "head_ops", "step_time",
+           "GenerationTimes", "predict_generation", "compute_bound_batch", "GenerationTiming",
+           "time_generation", "time_decode", "FusionTiming", "time_fusion"]
 
 SCHEDULES = ("unfused", "fused")
 #: the memory-bound chains the fused schedule runs as one pass each (preln.ops.fused)
@@ -447,6 +465,7 @@ class IOCount(NamedTuple):
     reads: int
     writes: int
     peak_fast: int        # the most elements held in fast memory at once
+    by_array: dict = None  # {(array name, "read" | "write"): elements}: the terms of the count
 
     @property
     def accesses(self):
@@ -454,18 +473,24 @@ class IOCount(NamedTuple):
 
 
 class _Slow:
-    """Slow memory: every load and store is counted in elements."""
+    """Slow memory: every load and store is counted in elements, in total and per named array."""
 
     def __init__(self):
         self.reads = self.writes = 0
+        self.by_array = {}
 
-    def load(self, array):
+    def _tally(self, name, kind, n):
+        self.by_array[name, kind] = self.by_array.get((name, kind), 0) + n
+
+    def load(self, name, array):
         self.reads += array.size
+        self._tally(name, "read", array.size)
         return np.array(array)           # a copy: the fast-memory working copy
 
-    def store(self, dst, index, value):
+    def store(self, name, dst, index, value):
         value = np.asarray(value)
         self.writes += value.size
+        self._tally(name, "write", value.size)
         dst[index] = value
 
 
@@ -480,112 +505,221 @@ def _check_qkv(q, k, v):
 
 def reference_attention(q, k, v):  # (N, d) x 3 -> (N, d)
     """softmax(q k^T / sqrt(d)) v, in one piece: the value both instrumented versions must give."""
-    s = (q @ k.T) / np.sqrt(q.shape[1])
-    p = np.exp(s - s.max(axis=1, keepdims=True))
+    z = (q @ k.T) / np.sqrt(q.shape[1])
+    p = np.exp(z - z.max(axis=1, keepdims=True))
     return (p / p.sum(axis=1, keepdims=True)) @ v
 
 
 def standard_attention_io(q, k, v):  # (N, d) x 3 -> (N, d), IOCount
     """Dao et al. 2022, Algorithm 0, with slow-memory traffic counted.
 
-    1. load Q, K; S = Q K^T / sqrt(d); write S.   2. read S; P = softmax(S); write P.
+    1. load Q, K; Z = Q K^T / sqrt(d); write Z.   2. read Z; P = softmax(Z); write P.
     3. load P, V; O = P V; write O.   Each step streams its operands once (the theorem's model: the
-    products' own blocking is assumed perfect), so reads + writes = 4 N d + 4 N^2.
+    products' own blocking is assumed perfect), so reads + writes = 4 N d + 4 N^2. No mask and no
+    dropout: each would be one more pass over an (N, N) array, 2 N^2 accesses.
     """
     _check_qkv(q, k, v)
     N, d = q.shape
     mem = _Slow()
-    S_hbm, P_hbm, O_hbm = np.empty((N, N)), np.empty((N, N)), np.empty((N, d))
-    mem.store(S_hbm, ..., (mem.load(q) @ mem.load(k).T) / np.sqrt(d))
-    s = mem.load(S_hbm)
-    p = np.exp(s - s.max(axis=1, keepdims=True))
-    mem.store(P_hbm, ..., p / p.sum(axis=1, keepdims=True))
-    mem.store(O_hbm, ..., mem.load(P_hbm) @ mem.load(v))
-    return O_hbm, IOCount(mem.reads, mem.writes, peak_fast=2 * N * N)
+    Z_hbm, P_hbm, O_hbm = np.empty((N, N)), np.empty((N, N)), np.empty((N, d))
+    mem.store("Z", Z_hbm, ..., (mem.load("Q", q) @ mem.load("K", k).T) / np.sqrt(d))
+    z = mem.load("Z", Z_hbm)
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    mem.store("P", P_hbm, ..., p / p.sum(axis=1, keepdims=True))
+    mem.store("O", O_hbm, ..., mem.load("P", P_hbm) @ mem.load("V", v))
+    return O_hbm, IOCount(mem.reads, mem.writes, 2 * N * N, mem.by_array)
 
 
-def flash_block_sizes(M, d):
-    """FlashAttention's block sizes for fast memory M and head dim d: B_c = ceil(M/4d), B_r = min(B_c, d)."""
-    M, d = _check_size("M", M), _check_size("d", d)
-    if M < d:
-        raise ValueError(f"M: expected at least d = {d} elements of fast memory; got {M}")
-    b_c = -(-M // (4 * d))
+def flash_block_sizes(C, d):
+    """FlashAttention's block sizes for a fast memory of C elements (the paper's M) and head dim d:
+    B_c = ceil(C / 4d) key rows, B_r = min(B_c, d) query rows (Dao et al. 2022, Algorithm 1)."""
+    C, d = _check_size("C", C), _check_size("d", d)
+    if C < d:
+        raise ValueError(f"C: expected at least d = {d} elements of fast memory; got {C}")
+    b_c = -(-C // (4 * d))
     return b_c, min(b_c, d)
 
 
-def tiled_attention_io(q, k, v, M):  # (N, d) x 3, int -> (N, d), IOCount
-    """Dao et al. 2022, Algorithm 1 (FlashAttention forward), with slow-memory traffic counted.
+#: the two loop orders of tiled attention (see tiled_attention_io)
+ORDERS = ("fa1", "fa2")
 
-    O, l, m start in slow memory (O = 0, l = 0, m = -inf: N d + 2 N writes). For each key block j
-    (B_c rows of K and V, loaded once) and each query block i (B_r rows): load Q_i, O_i, l_i, m_i;
-    S = Q_i K_j^T / sqrt(d); m~ = rowmax(S); P~ = exp(S - m~); l~ = rowsum(P~);
+
+def tiled_attention_io(q, k, v, C, order="fa1"):  # (N, d) x 3, int -> (N, d), IOCount
+    """Tiled attention with slow-memory traffic counted; C: fast-memory size in elements.
+
+    order="fa1": Dao et al. 2022, Algorithm 1 (FlashAttention). The *outer* loop runs over key
+    blocks, so the output cannot stay in fast memory: O, l, m start in slow memory (O = 0, l = 0,
+    m = -inf: N d + 2 N writes) and, for each key block j (B_c rows of K and V, loaded once) and
+    each query block i (B_r rows), are read, updated and written back, normalised every time:
+    Z = Q_i K_j^T / sqrt(d); m~ = rowmax(Z); P~ = exp(Z - m~); l~ = rowsum(P~);
     m' = max(m_i, m~); l' = e^(m_i - m') l_i + e^(m~ - m') l~;
-    O_i = (l_i e^(m_i - m') O_i + e^(m~ - m') P~ V_j) / l'; write O_i, l', m'.
+    O_i = (l_i e^(m_i - m') O_i + e^(m~ - m') P~ V_j) / l'.
+
+    order="fa2": the loop order of FlashAttention-2 (Dao 2023, arXiv 2307.08691, Algorithm 1) and of
+    derivation_ops' online softmax. The *outer* loop runs over query blocks: Q_i is loaded once, an
+    unnormalised accumulator A = sum_j e^(Z - m) V_j and its l, m stay in fast memory while every
+    key block streams past, and O_i = A / l is written once, with the log-sum-exp m + log l that
+    the backward needs (N values). The block sizes swap roles, since now the query block stays:
+    B_r = ceil(C / 4d) query rows, B_c = min(B_r, d) key rows.
     """
     _check_qkv(q, k, v)
+    if order not in ORDERS:
+        raise ValueError(f"order: expected one of {ORDERS}; got {order!r}")
     N, d = q.shape
-    b_c, b_r = flash_block_sizes(M, d)
     tau = 1 / np.sqrt(d)
     mem = _Slow()
-    O_hbm, l_hbm, m_hbm = np.empty((N, d)), np.empty(N), np.empty(N)
-    mem.store(O_hbm, ..., np.zeros((N, d)))
-    mem.store(l_hbm, ..., np.zeros(N))
-    mem.store(m_hbm, ..., np.full(N, -np.inf))
+    O_hbm = np.empty((N, d))
     peak = 0
-    for j0 in range(0, N, b_c):
-        kj, vj = mem.load(k[j0:j0 + b_c]), mem.load(v[j0:j0 + b_c])
-        for i0 in range(0, N, b_r):
-            rows = slice(i0, i0 + b_r)
-            qi, oi = mem.load(q[rows]), mem.load(O_hbm[rows])
-            li, mi = mem.load(l_hbm[rows]), mem.load(m_hbm[rows])
-            s = tau * (qi @ kj.T)                                  # (B_r, B_c), in fast memory
-            m_t = s.max(axis=1)
-            p_t = np.exp(s - m_t[:, None])
-            l_t = p_t.sum(axis=1)
-            m_new = np.maximum(mi, m_t)
-            l_new = np.exp(mi - m_new) * li + np.exp(m_t - m_new) * l_t
-            o_new = ((li * np.exp(mi - m_new))[:, None] * oi
-                     + np.exp(m_t - m_new)[:, None] * (p_t @ vj)) / l_new[:, None]
-            peak = max(peak, kj.size + vj.size + qi.size + oi.size + s.size + 4 * len(li))
-            mem.store(O_hbm, rows, o_new)
-            mem.store(l_hbm, rows, l_new)
-            mem.store(m_hbm, rows, m_new)
-    return O_hbm, IOCount(mem.reads, mem.writes, peak)
+    if order == "fa1":
+        b_c, b_r = flash_block_sizes(C, d)
+        l_hbm, m_hbm = np.empty(N), np.empty(N)
+        mem.store("O", O_hbm, ..., np.zeros((N, d)))
+        mem.store("l", l_hbm, ..., np.zeros(N))
+        mem.store("m", m_hbm, ..., np.full(N, -np.inf))
+        for j0 in range(0, N, b_c):
+            kj, vj = mem.load("K", k[j0:j0 + b_c]), mem.load("V", v[j0:j0 + b_c])
+            for i0 in range(0, N, b_r):
+                rows = slice(i0, i0 + b_r)
+                qi, oi = mem.load("Q", q[rows]), mem.load("O", O_hbm[rows])
+                li, mi = mem.load("l", l_hbm[rows]), mem.load("m", m_hbm[rows])
+                z = tau * (qi @ kj.T)                                  # (B_r, B_c), in fast memory
+                m_t = z.max(axis=1)
+                p_t = np.exp(z - m_t[:, None])
+                l_t = p_t.sum(axis=1)
+                m_new = np.maximum(mi, m_t)
+                l_new = np.exp(mi - m_new) * li + np.exp(m_t - m_new) * l_t
+                o_new = ((li * np.exp(mi - m_new))[:, None] * oi
+                         + np.exp(m_t - m_new)[:, None] * (p_t @ vj)) / l_new[:, None]
+                peak = max(peak, kj.size + vj.size + qi.size + oi.size + z.size + 4 * len(li))
+                mem.store("O", O_hbm, rows, o_new)                    # normalised, every key block
+                mem.store("l", l_hbm, rows, l_new)
+                mem.store("m", m_hbm, rows, m_new)
+        return O_hbm, IOCount(mem.reads, mem.writes, peak, mem.by_array)
+    b_r, b_c = flash_block_sizes(C, d)                                # the roles swap
+    L_hbm = np.empty(N)
+    for i0 in range(0, N, b_r):
+        rows = slice(i0, i0 + b_r)
+        qi = mem.load("Q", q[rows])                                   # once
+        acc = np.zeros((len(qi), d))                                  # unnormalised, in fast memory
+        li, mi = np.zeros(len(qi)), np.full(len(qi), -np.inf)
+        for j0 in range(0, N, b_c):
+            kj, vj = mem.load("K", k[j0:j0 + b_c]), mem.load("V", v[j0:j0 + b_c])
+            z = tau * (qi @ kj.T)                                      # (B_r, B_c)
+            m_new = np.maximum(mi, z.max(axis=1))
+            p_t = np.exp(z - m_new[:, None])
+            alpha = np.exp(mi - m_new)                                 # rescales what came before
+            li = alpha * li + p_t.sum(axis=1)
+            acc = alpha[:, None] * acc + p_t @ vj
+            mi = m_new
+            peak = max(peak, qi.size + acc.size + kj.size + vj.size + z.size + 2 * len(li))
+        mem.store("O", O_hbm, rows, acc / li[:, None])                # normalised once
+        mem.store("L", L_hbm, rows, mi + np.log(li))                  # log-sum-exp, for a backward
+    return O_hbm, IOCount(mem.reads, mem.writes, peak, mem.by_array)
 
 
-def attention_accesses(N, d, M=None, kind="tiled"):
-    """Closed-form slow-memory accesses (elements) of one head, as the instrumented functions count.
+def attention_access_terms(N, d, C=None, kind="fa1"):
+    """The closed-form slow-memory accesses (elements) of one head, term by term:
+    {(array, "read" | "write"): count}, as the instrumented functions tally them.
 
-    standard: 4 N d + 4 N^2.
-    tiled: N d + 2 N (initialise O, l, m) + 2 N d (K and V, once) + T_c (3 N d + 4 N)
-    (per key block: read Q, O, l, m and write O, l, m for every query row), T_c = ceil(N / B_c).
+    standard (Algorithm 0): Q, K read once (N d each); Z written, read (N^2 each); P written, read
+    (N^2 each); V read, O written (N d each): 4 N d + 4 N^2 in all.
+    fa1 (Algorithm 1), T_c = ceil(N / B_c) key blocks: K, V read once (N d each); per key block, all
+    of Q, O, l, m read and O, l, m written: Q read T_c N d; O read T_c N d, written (1 + T_c) N d
+    (the first write is the initialisation); l and m read T_c N, written (1 + T_c) N each.
+    fa2, T_r = ceil(N / B_r) query blocks: Q read once (N d); per query block, all of K and V
+    read: T_r N d each; O written once (N d); the log-sum-exp L written once (N).
     """
     N, d = _check_size("N", N), _check_size("d", d)
     if kind == "standard":
-        return 4 * N * d + 4 * N * N
-    if kind != "tiled":
-        raise ValueError(f"kind: expected 'standard' or 'tiled'; got {kind!r}")
-    if M is None:
-        raise ValueError("M: the tiled count needs the fast-memory size M (elements)")
-    b_c, _ = flash_block_sizes(M, d)
-    t_c = -(-N // b_c)
-    return N * d + 2 * N + 2 * N * d + t_c * (3 * N * d + 4 * N)
+        return {("Q", "read"): N * d, ("K", "read"): N * d, ("Z", "write"): N * N,
+                ("Z", "read"): N * N, ("P", "write"): N * N, ("P", "read"): N * N,
+                ("V", "read"): N * d, ("O", "write"): N * d}
+    if kind not in ORDERS:
+        raise ValueError(f"kind: expected 'standard', 'fa1' or 'fa2'; got {kind!r}")
+    if C is None:
+        raise ValueError("C: a tiled count needs the fast-memory size C (elements); got None")
+    first, _ = flash_block_sizes(C, d)                # B_c for fa1, B_r for fa2
+    T = -(-N // first)
+    if kind == "fa1":
+        return {("K", "read"): N * d, ("V", "read"): N * d, ("Q", "read"): T * N * d,
+                ("O", "read"): T * N * d, ("O", "write"): (1 + T) * N * d,
+                ("l", "read"): T * N, ("l", "write"): (1 + T) * N,
+                ("m", "read"): T * N, ("m", "write"): (1 + T) * N}
+    return {("Q", "read"): N * d, ("K", "read"): T * N * d, ("V", "read"): T * N * d,
+            ("O", "write"): N * d, ("L", "write"): N}
+
+
+def attention_accesses(N, d, C=None, kind="fa1"):
+    """Closed-form slow-memory accesses (elements) of one head: the sum of
+    :func:`attention_access_terms`.
+
+    standard: 4 N d + 4 N^2.
+    fa1: 3 N d + 2 N + T_c (3 N d + 4 N), T_c = ceil(N / B_c).
+    fa2: 2 N d + N + 2 T_r N d, T_r = ceil(N / B_r). kind="tiled" is "fa1".
+    """
+    kind = "fa1" if kind == "tiled" else kind
+    return sum(attention_access_terms(N, d, C, kind).values())
 
 
 # ---- decoding -------------------------------------------------------------------------------
 
-def kv_cache_bytes(n_layers, batch, seq, d_model, itemsize):
-    """K and V of every layer for every position: 2 * n_layers * batch * seq * d_model * itemsize."""
+def kv_cache_bytes(n_layers, batch, seq, d_model, itemsize, n_heads=None, n_kv_heads=None):
+    """K and V of every layer for every position: 2 * n_layers * batch * seq * n_kv * d_h * itemsize.
+
+    Multi-head attention (``n_kv_heads`` None): n_kv d_h = d_model, so 2 L B S D itemsize.
+    Grouped-query attention (Ainslie et al. 2023, arXiv 2305.13245): ``n_kv_heads`` key/value heads
+    of d_h = d_model / n_heads each, shared by groups of n_heads / n_kv_heads query heads;
+    multi-query attention (Shazeer 2019, arXiv 1911.02150) is n_kv_heads = 1.
+    """
     for name, value in (("n_layers", n_layers), ("batch", batch), ("seq", seq),
                         ("d_model", d_model), ("itemsize", itemsize)):
         _check_size(name, value)
-    return 2 * n_layers * batch * seq * d_model * itemsize
+    width = _kv_width(d_model, n_heads, n_kv_heads)
+    return 2 * n_layers * batch * seq * width * itemsize
 
 
-def block_params(config):
-    """Parameters of one block: 4 D^2 + 2 D F weights, 3D + D + F + D biases, 4 D of LayerNorm."""
+def _kv_width(d_model, n_heads, n_kv_heads):  # -> n_kv * d_h, the width of one position's K (or V)
+    if n_kv_heads is None:
+        return d_model
+    if n_heads is None:
+        raise ValueError("n_heads: grouped-query attention needs n_heads (d_h = d_model / n_heads) "
+                         f"with n_kv_heads = {n_kv_heads}; got None")
+    n_heads, n_kv_heads = _check_size("n_heads", n_heads), _check_size("n_kv_heads", n_kv_heads)
+    if d_model % n_heads or n_heads % n_kv_heads:
+        raise ValueError(f"n_kv_heads: expected n_heads = {n_heads} to divide d_model = {d_model} and "
+                         f"n_kv_heads to divide n_heads; got n_kv_heads = {n_kv_heads}")
+    return n_kv_heads * (d_model // n_heads)
+
+
+def weight_bytes_per_value(bits=16, group_size=None, scale_bytes=2):
+    """Bytes per stored weight: bits / 8, plus (scale_bytes + bits / 8) / group_size when every
+    group of ``group_size`` weights of a row shares a scale (scale_bytes) and a zero point (bits).
+    Per-channel scales (group_size None) cost one scale per row: left out (D times fewer)."""
+    bits = _check_size("bits", bits)
+    if bits > 64:
+        raise ValueError(f"bits: expected at most 64; got {bits}")
+    if group_size is None:
+        return bits / 8
+    return bits / 8 + (scale_bytes + bits / 8) / _check_size("group_size", group_size)
+
+
+def block_params(config, n_kv_heads=None):
+    """Parameters of one block: 4 D^2 + 2 D F weights, 3D + D + F + D biases, 4 D of LayerNorm.
+    With ``n_kv_heads`` (grouped-query attention) the key and value projections are
+    (n_kv d_h, D) each: 2 D^2 + 2 D n_kv d_h + 2 D F weights, 2 D + 2 n_kv d_h + F + D biases."""
+    return _block_matrices(config, n_kv_heads) + _block_vectors(config, n_kv_heads)
+
+
+def _block_matrices(config, n_kv_heads=None):
     D, F = config.d_model, config.d_ff
-    return 4 * D * D + 2 * D * F + 3 * D + D + F + D + 4 * D
+    kv = _kv_width(D, config.n_heads, n_kv_heads)
+    return 2 * D * D + 2 * D * kv + 2 * D * F
+
+
+def _block_vectors(config, n_kv_heads=None):
+    D, F = config.d_model, config.d_ff
+    kv = _kv_width(D, config.n_heads, n_kv_heads)
+    return (D + 2 * kv) + D + F + D + 4 * D
 
 
 class DecodeCost(NamedTuple):
@@ -605,23 +739,272 @@ class DecodeCost(NamedTuple):
         return self.flops / self.nbytes
 
 
-def decode_cost(config, n_layers, batch, context, itemsize=2):
+def decode_cost(config, n_layers, batch, context, itemsize=2, n_kv_heads=None, weight_bits=None,
+                group_size=None):
     """FLOPs and main-memory bytes of one decoding step (one new token per sequence).
 
-    Per layer and sequence: the matmuls with the weights, 2 (4 D^2 + 2 D F) FLOPs, and attention
-    over ``context`` cached positions, 4 context D FLOPs (q k^T and p v). Bytes: the weights once
-    per step (all sequences share them), and each sequence's K and V at ``context`` positions.
-    Activations (a few D per sequence) are left out.
+    Per layer and sequence: the matmuls with the weights, 2 (4 D^2 + 2 D F) FLOPs (with
+    ``n_kv_heads``, 2 (2 D^2 + 2 D n_kv d_h + 2 D F)), and attention over ``context`` cached
+    positions, 4 context D FLOPs (q k^T and p v: every query head still attends). Bytes: the weights
+    once per step (all sequences share them) -- the matrices at ``weight_bits`` bits (None: the
+    activations' 8 itemsize; groups as :func:`weight_bytes_per_value`), biases and LayerNorm at
+    ``itemsize`` -- and each sequence's K and V at ``context`` positions
+    (:func:`kv_cache_bytes`). Activations (a few D per sequence) are left out.
     """
     if not isinstance(config, BlockConfig):
         raise TypeError(f"config: expected a preln.BlockConfig; got {type(config).__name__}")
     n_layers, batch = _check_size("n_layers", n_layers), _check_size("batch", batch)
     context, itemsize = _check_size("context", context), _check_size("itemsize", itemsize)
-    D, F = config.d_model, config.d_ff
-    flops = n_layers * batch * (2 * (4 * D * D + 2 * D * F) + 4 * context * D)
-    weights = n_layers * block_params(config) * itemsize
-    kv = kv_cache_bytes(n_layers, batch, context, D, itemsize)
-    return DecodeCost(int(flops), int(weights), int(kv), batch)
+    D = config.d_model
+    per_weight = weight_bytes_per_value(8 * itemsize if weight_bits is None else weight_bits,
+                                        group_size)
+    matrices = _block_matrices(config, n_kv_heads)
+    flops = n_layers * batch * (2 * matrices + 4 * context * D)
+    weights = n_layers * (matrices * per_weight + _block_vectors(config, n_kv_heads) * itemsize)
+    kv = kv_cache_bytes(n_layers, batch, context, D, itemsize, config.n_heads, n_kv_heads)
+    return DecodeCost(int(flops), int(round(weights)), int(kv), batch)
+
+
+# ---- published model shapes, per-op steps, prefill and decode -----------------------------------
+
+class ModelShape(NamedTuple):
+    """A decoder-only language model's shape, as its paper or released configuration gives it.
+
+    Biases and normalisation parameters are left out of every count below (a few D per layer)."""
+
+    name: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int       # = n_heads: multi-head; 1: multi-query; in between: grouped-query attention
+    d_ff: int
+    vocab_size: int
+    gated: bool           # True: a gated MLP (SwiGLU: gate, up, down, three D x F matrices)
+    max_context: int      # positions the model was trained for
+    source: str = ""      # a citation key of book/references.bib
+
+    @property
+    def d_head(self):
+        return self.d_model // self.n_heads
+
+    @property
+    def group(self):
+        """Query heads per key/value head: 1 for multi-head attention."""
+        return self.n_heads // self.n_kv_heads
+
+    def layer_matrix_params(self):
+        """Weights of one layer's matrices: q and out (D x D), k and v (n_kv d_h x D), the MLP."""
+        D = self.d_model
+        return 2 * D * D + 2 * D * self.n_kv_heads * self.d_head + (3 if self.gated else 2) * D * self.d_ff
+
+    def kv_bytes_per_token(self, itemsize=2):
+        """2 n_layers n_kv d_h itemsize: one position's keys and values in every layer."""
+        return kv_cache_bytes(self.n_layers, 1, 1, self.d_model, itemsize, self.n_heads,
+                              self.n_kv_heads)
+
+
+#: Published configurations. OPT-13B: Zhang et al. 2022, Table 1 (ReLU MLP of 4D; the vocabulary
+#: and context from the released configuration). Llama 2 7B: Touvron et al. 2023 (multi-head
+#: attention; F = 11,008, vocabulary 32,000 from the released configuration). Llama 3 8B:
+#: Grattafiori et al. 2024, Table 3 (8 key/value heads, F = 14,336, vocabulary 128,256).
+PUBLISHED_MODELS = {
+    "OPT-13B": ModelShape("OPT-13B", 40, 5120, 40, 40, 20480, 50272, False, 2048, "zhang2022opt"),
+    "Llama 2 7B": ModelShape("Llama 2 7B", 32, 4096, 32, 32, 11008, 32000, True, 4096,
+                             "touvron2023llama2"),
+    "Llama 3 8B": ModelShape("Llama 3 8B", 32, 4096, 32, 8, 14336, 128256, True, 8192,
+                             "grattafiori2024llama3"),
+}
+
+
+def model_shape(lm, name="reference LM"):
+    """The :class:`ModelShape` of a :class:`preln.lm.TinyLM` (or its :class:`preln.lm.LMConfig`):
+    multi-head attention, an ungated MLP."""
+    from .lm import LMConfig, TinyLM
+    cfg = lm.config if isinstance(lm, TinyLM) else lm
+    if not isinstance(cfg, LMConfig):
+        raise TypeError(f"lm: expected a preln.lm.TinyLM or LMConfig; got {type(lm).__name__}")
+    return ModelShape(name, cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_heads, cfg.d_ff,
+                      cfg.vocab_size, False, cfg.max_len, "")
+
+
+def _check_model(model):
+    if not isinstance(model, ModelShape):
+        raise TypeError(f"model: expected a preln.inference.ModelShape (see PUBLISHED_MODELS, "
+                        f"model_shape); got {type(model).__name__}")
+
+
+def step_ops(model, batch, new=1, context=0, itemsize=2, weight_bits=None, group_size=None):
+    """Per-op FLOPs and bytes of ONE layer's forward over ``new`` positions of each of ``batch``
+    sequences, which attend causally to ``context`` cached positions and to themselves.
+
+    A prefill is ``new`` = the prompt's length, ``context`` = 0; a decode step is ``new`` = 1,
+    ``context`` = the positions generated so far. Every op is one kernel that reads its inputs and
+    writes its outputs once (the fused schedule of a GPU, not numpy's pass per operation):
+
+    norm1, norm2     read and write N D (N = batch * new rows); 7 FLOPs per element, 5 per row
+    qkv_proj         x (N, D) @ W^T, W ((D + 2 n_kv d_h), D): its output holds q and the new K, V
+    attention        one fused kernel (FlashAttention or Flash-Decoding): reads q and the cached K
+                     and V of every position (context + new, per sequence and KV head) once, writes
+                     o; 4 d_h + 5 FLOPs per (query head, key) pair, causal pairs only
+    out_proj         o (N, D) @ W^T, W (D, D)
+    residual1, 2     read 2 N D, write N D
+    linear1, linear2 (ungated) D -> F, F -> D with the activation between (read and write N F)
+    gate_up, down    (gated) D -> 2F (gate and up in one product), F -> D; swiglu between them
+                     reads 2 N F and writes N F
+
+    Weights are read at ``weight_bits`` bits (None: 8 itemsize), activations and the KV cache at
+    ``itemsize`` bytes. Returns a list of :class:`OpTraffic` (``matmul`` marks the contractions).
+    """
+    _check_model(model)
+    batch, new = _check_size("batch", batch), _check_size("new", new)
+    if isinstance(context, bool) or not isinstance(context, (int, np.integer)) or context < 0:
+        raise ValueError(f"context: expected an int >= 0; got {context!r}")
+    itemsize = _check_size("itemsize", itemsize)
+    s = itemsize
+    w = weight_bytes_per_value(8 * s if weight_bits is None else weight_bits, group_size)
+    D, H, kv, dh, F = model.d_model, model.n_heads, model.n_kv_heads, model.d_head, model.d_ff
+    N, T = batch * new, context + new
+    pairs = batch * (new * context + new * (new + 1) // 2)        # causal (query, key) pairs per head
+    ops = []
+
+    def add(name, flops, read, written, matmul=False):        # bytes
+        ops.append(OpTraffic(name, int(flops), int(round(read)), int(round(written)), matmul))
+
+    def matmul(name, k_in, n_out):
+        add(name, 2 * N * k_in * n_out, k_in * n_out * w + N * k_in * s, N * n_out * s, True)
+
+    def norm(name):
+        add(name, 7 * N * D + 5 * N, N * D * s, N * D * s)
+
+    norm("norm1")
+    matmul("qkv_proj", D, D + 2 * kv * dh)
+    add("attention", H * pairs * (4 * dh + 5), N * D * s + 2 * batch * kv * T * dh * s, N * D * s,
+        True)
+    matmul("out_proj", D, D)
+    add("residual1", N * D, 2 * N * D * s, N * D * s)
+    norm("norm2")
+    if model.gated:
+        matmul("gate_up", D, 2 * F)
+        add("swiglu", 5 * N * F, 2 * N * F * s, N * F * s)
+        matmul("down", F, D)
+    else:
+        matmul("linear1", D, F)
+        add("activation", 5 * N * F, N * F * s, N * F * s)
+        matmul("linear2", F, D)
+    add("residual2", N * D, 2 * N * D * s, N * D * s)
+    return ops
+
+
+def head_ops(model, batch, itemsize=2, weight_bits=None, group_size=None):
+    """The final LayerNorm and the LM head (D -> vocabulary) on one position per sequence: the
+    only logits that generation needs, after a prefill as after a decode step."""
+    _check_model(model)
+    batch, s = _check_size("batch", batch), _check_size("itemsize", itemsize)
+    w = weight_bytes_per_value(8 * s if weight_bits is None else weight_bits, group_size)
+    D, V = model.d_model, model.vocab_size
+    return [OpTraffic("final norm", 7 * batch * D + 5 * batch, batch * D * s, batch * D * s, False),
+            OpTraffic("lm_head", 2 * batch * D * V, int(round(D * V * w + batch * D * s)),
+                      batch * V * s, True)]
+
+
+def step_time(model, roof, batch, new=1, context=0, itemsize=2, weight_bits=None, group_size=None):
+    """The roofline's lower bound on one forward step of the whole model (seconds): the sum over
+    ops of max(FLOPs / peak, bytes / bandwidth) -- every layer's ops, then the head. Time is a sum
+    over ops: an op left of the ridge costs its bytes even when the step's total intensity is high."""
+    if not isinstance(roof, Roofline):
+        raise TypeError(f"roof: expected a preln.inference.Roofline; got {type(roof).__name__}")
+    layer = sum(float(roof.time(o.flops, o.nbytes))
+                for o in step_ops(model, batch, new, context, itemsize, weight_bits, group_size))
+    head = sum(float(roof.time(o.flops, o.nbytes))
+               for o in head_ops(model, batch, itemsize, weight_bits, group_size))
+    return model.n_layers * layer + head
+
+
+class GenerationTimes(NamedTuple):
+    """Time to first token (the prefill and its logits) and time per output token (decode steps)."""
+
+    ttft: float           # seconds
+    tpot: float           # seconds, mean over the decode steps
+
+
+def predict_generation(model, roof, batch, prompt, n_new, itemsize=2, weight_bits=None,
+                       group_size=None):
+    """The roofline's prediction of TTFT and TPOT for ``batch`` prompts of ``prompt`` tokens each
+    and ``n_new`` generated tokens: the first token comes from the prefill, token t > 1 from a
+    decode step whose context holds prompt + t - 2 positions."""
+    prompt, n_new = _check_size("prompt", prompt), _check_size("n_new", n_new)
+    ttft = step_time(model, roof, batch, prompt, 0, itemsize, weight_bits, group_size)
+    steps = [step_time(model, roof, batch, 1, prompt + t, itemsize, weight_bits, group_size)
+             for t in range(n_new - 1)]
+    return GenerationTimes(ttft, float(np.mean(steps)) if steps else math.nan)
+
+
+def compute_bound_batch(model, roof, op, context, itemsize=2, weight_bits=None, group_size=None,
+                        max_batch=2**20):
+    """The smallest batch at which decode op ``op`` (a name of :func:`step_ops`) reaches the ridge
+    point of ``roof``, or None if it stays memory-bound up to ``max_batch``. A weight matmul's
+    intensity grows with the batch (2 B k n / (k n w + B (k + n) s)); attention's and the
+    elementwise ops' do not depend on it."""
+    def intensity(b):
+        ops = {o.name: o for o in step_ops(model, b, 1, context, itemsize, weight_bits, group_size)}
+        if op not in ops:
+            raise ValueError(f"op: expected one of {list(ops)}; got {op!r}")
+        return ops[op].intensity
+
+    if intensity(max_batch) < roof.ridge:
+        return None
+    lo, hi = 1, max_batch                      # intensity(hi) >= ridge; it grows with the batch
+    if intensity(lo) >= roof.ridge:
+        return 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if intensity(mid) >= roof.ridge else (mid, hi)
+    return hi
+
+
+class GenerationTiming(NamedTuple):
+    """Measured generation: time to first token and the time of each decode step (CPU seconds)."""
+
+    ttft: float                 # best over repeats: prefill + first token
+    tpot: np.ndarray            # (n_new - 1,) best over repeats, one per decode step
+
+    @property
+    def mean_tpot(self):
+        return float(np.mean(self.tpot))
+
+
+def time_generation(lm, prompt_ids, n_new, repeats=5, clock=time.process_time):
+    """Measure greedy generation with a :class:`preln.lm.TinyLM` and its KV cache.
+
+    prompt_ids: (B, S0) ints. Each repeat makes a fresh cache, times the prefill with the first
+    token (TTFT) and then each of the n_new - 1 decode steps (TPOT); prefill and decode steps
+    alternate in every repeat, so a slow spell of a shared machine slows both. The best time of
+    each is kept. CPU time by default: time the process spends descheduled does not count.
+    """
+    from .lm import TinyLM
+    if not isinstance(lm, TinyLM):
+        raise TypeError(f"lm: expected a preln.lm.TinyLM; got {type(lm).__name__}")
+    ids = np.asarray(prompt_ids)
+    if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"prompt_ids: expected a (B, S0) integer array; got shape {ids.shape}")
+    n_new = _check_size("n_new", n_new)
+    B, S0 = ids.shape
+    best_ttft, best_tpot = math.inf, np.full(n_new - 1, math.inf)
+    lm.eval()
+    for r in range(_check_size("repeats", repeats) + 1):       # round 0 warms up
+        kv = lm.kv_cache(B, S0 + n_new)
+        t0 = clock()
+        tok = lm.decode(ids, kv)[:, -1].argmax(axis=-1)[:, None]          # (B, 1)
+        ttft = clock() - t0
+        tpot = np.empty(n_new - 1)
+        for t in range(n_new - 1):
+            t0 = clock()
+            tok = lm.decode(tok, kv)[:, -1].argmax(axis=-1)[:, None]
+            tpot[t] = clock() - t0
+        if r > 0:
+            best_ttft = min(best_ttft, ttft)
+            best_tpot = np.minimum(best_tpot, tpot)
+    return GenerationTiming(best_ttft, best_tpot)
 
 
 def time_decode(step, n_tokens, repeats=3, clock=time.process_time):

@@ -27,11 +27,15 @@ inference-only model whose four linear layers run in int8 while LayerNorm, softm
 residual additions stay in float32. Schemes::
 
     "w8a16"        int8 weights per channel, activations float16 (weight-only quantisation)
-    "w8a8-tensor"  per-tensor weights, static per-tensor activation scales from ``calib``
+    "w8a8-tensor"  per-tensor weights, static per-tensor activation scales from ``calib``, set by
+                   ``calibration`` ("absmax", "percentile" or "mse": :func:`calibrate_scale`), or
+                   ``calibration="dynamic"``: per tensor, from each input as it comes
     "w8a8"         per-channel weights, dynamic per-token activations
     "llm.int8"     "w8a8" (vector-wise) plus LLM.int8's mixed-precision decomposition: feature
                    columns with any |x| >= threshold (default 6.0) are multiplied in float16
-                   (Dettmers et al. 2022, section 3.2)
+                   (Dettmers et al. 2022, section 3.2) -- from a float16 copy of the
+                   weights (the paper's Eq. 8) or, with ``fp16_weights=False``, dequantised from
+                   the int8 weights, as bitsandbytes' inference path does (no float16 copy kept)
     "smoothquant"  SmoothQuant's migration (Xiao et al. 2022, arXiv 2211.10438, Eq. 4):
                    s_j = max|X_j|^alpha / max|W_j|^(1 - alpha), X / s and W * s, with alpha = 0.5
                    and max|X_j| from ``calib``, on the layers that follow a LayerNorm (in_proj,
@@ -56,6 +60,7 @@ from .ops import activation_forward, attention_forward, layer_norm_forward, merg
 from .stack import TransformerStack
 
 __all__ = ["QTensor", "qmax", "quantize", "dequantize", "int_matmul", "accumulate", "int32_max_terms",
+           "CALIBRATIONS", "calibrate_scale", "linear_inputs",
            "SCHEMES", "LINEARS", "quantize_block", "QuantizedBlock", "QuantizedStack", "QuantizedLM",
            "block_forward", "inject_outliers", "FP8_E4M3_MAX"]
 
@@ -70,7 +75,10 @@ _WEIGHT = {"in_proj": ("self_attn.in_proj_weight", "self_attn.in_proj_bias"),
            "linear1": ("linear1.weight", "linear1.bias"),
            "linear2": ("linear2.weight", "linear2.bias")}
 _NEEDS_CALIB = ("w8a8-tensor", "smoothquant")
-_OPTIONS = {"w8a16": {}, "w8a8-tensor": {}, "w8a8": {}, "llm.int8": {"threshold": 6.0},
+#: how a static per-tensor activation scale is set from calibration inputs (calibrate_scale)
+CALIBRATIONS = ("absmax", "percentile", "mse")
+_OPTIONS = {"w8a16": {}, "w8a8-tensor": {"calibration": "absmax"}, "w8a8": {},
+            "llm.int8": {"threshold": 6.0, "fp16_weights": True},
             "smoothquant": {"alpha": 0.5, "granularity": "token"}, "fp8-e4m3": {}}
 
 
@@ -207,6 +215,40 @@ def accumulate(terms, dtype):  # (..., K) -> (...)
         return np.cumsum(terms.astype(dtype), axis=-1, dtype=dtype)[..., -1]
 
 
+# ---- calibration: a static activation scale -------------------------------------------------------
+def calibrate_scale(x, method="absmax", bits=8, percentile=99.99, n_grid=200):
+    """A symmetric per-tensor scale S for activations like ``x`` (calibration data) -> float.
+
+    "absmax":     S = max|x| / qmax: nothing is clipped, the rounding step is set by the largest value.
+    "percentile": S = (the ``percentile``-th percentile of |x|) / qmax: the rare values above it are
+                  clipped to +-qmax S, for a finer step on the rest (Wu et al. 2020, arXiv
+                  2004.09602, section 4.1: 99.9 to 99.999).
+    "mse":        the clip c that minimises the mean squared error mean((x - S q(x))^2), S = c / qmax,
+                  over the grid c = max|x| i / n_grid, i = 1 .. n_grid (Nagel et al. 2021, arXiv
+                  2106.08295, section 3.5: the trade-off between clipping and rounding error).
+    """
+    x = _as_float(x, "x").astype(np.float64, copy=False).ravel()
+    if method not in CALIBRATIONS:
+        raise ValueError(f"method: expected one of {CALIBRATIONS}; got {method!r}")
+    if x.size == 0 or not np.all(np.isfinite(x)):
+        raise ValueError(f"x: expected a non-empty array of finite numbers; got {x.size} values")
+    hi = qmax(_check_bits(bits))
+    a = np.abs(x)
+    amax = float(a.max())
+    if amax == 0:
+        return 1.0
+    if method == "absmax":
+        return amax / hi
+    if method == "percentile":
+        if not 0 < percentile <= 100:
+            raise ValueError(f"percentile: expected a number in (0, 100]; got {percentile!r}")
+        c = float(np.percentile(a, percentile))
+        return (c if c > 0 else amax) / hi
+    clips = amax * np.arange(1, int(n_grid) + 1) / int(n_grid)             # (n_grid,)
+    errs = [np.mean((x - (c / hi) * np.clip(np.rint(x / (c / hi)), -hi, hi)) ** 2) for c in clips]
+    return float(clips[int(np.argmin(errs))] / hi)
+
+
 # ---- the float reference of the block, with a pluggable linear -----------------------------------
 def block_forward(params, config, x, key_padding_mask=None, linear=None, record=None):
     """The block's eval-mode forward, op by op, with ``linear(name, h)`` for the four linear layers.
@@ -262,6 +304,29 @@ def block_forward(params, config, x, key_padding_mask=None, linear=None, record=
     return y
 
 
+def linear_inputs(lm, tokens):
+    """The inputs of every block's four linear layers in a float forward of a TinyLM: one dict
+    {name in LINEARS: (B S, in) array} per block -- the calibration data of a per-layer method."""
+    if not isinstance(lm, TinyLM):
+        raise TypeError(f"lm: expected a preln.lm.TinyLM; got {type(lm).__name__}")
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer):
+        raise ValueError(f"tokens: expected (B, S) integer token ids; got shape {tokens.shape}")
+    h = embedding_forward(tokens, lm.own["tok_emb.weight"])[0] + lm.own["pos_emb.weight"][:tokens.shape[1]]
+    out = []
+    for layer in lm.stack.layers:
+        p, seen = layer.params, {}
+
+        def record(name, x):
+            seen[name] = x
+            w, b = _WEIGHT[name]
+            return x @ p[w].T + p[b]
+
+        h = block_forward(p, layer.config, h, linear=record)          # (B, S, D), the float stream
+        out.append(seen)
+    return out
+
+
 # ---- one quantised linear layer -----------------------------------------------------------------
 class QLinear:
     """One linear layer y = x W^T + b under a scheme. x_absmax: (in,) per-feature max abs(x) from
@@ -270,7 +335,7 @@ class QLinear:
     activations) or "tensor" (per-tensor weights, static per-tensor activations)."""
 
     def __init__(self, w, b, scheme, x_absmax=None, threshold=6.0, alpha=0.5, smooth=True,
-                 granularity="token"):
+                 granularity="token", x_scale=None, fp16_weights=True):
         w = np.asarray(w, np.float64)                               # (M, K)
         self.scheme, self.threshold = scheme, threshold
         self.bias = np.asarray(b, np.float32)
@@ -284,18 +349,23 @@ class QLinear:
             w = w * s                                               # W' = diag(s) W (columns)
             x_absmax = x_absmax / s                                 # what the smoothed X will reach
         self.static = scheme == "w8a8-tensor" or (scheme == "smoothquant" and granularity == "tensor")
+        self.dynamic_tensor = self.static and x_scale == "dynamic"    # per tensor, from each input
         if self.static:
             self.qw = quantize(w.astype(np.float32), granularity="tensor")
-            amax = float(np.max(x_absmax))
-            self.x_scale = np.float32(amax / 127 if amax > 0 else 1.0)   # static, from calib
+            if x_scale is None:                                     # absmax of the calibration data
+                amax = float(np.max(x_absmax))
+                x_scale = amax / 127 if amax > 0 else 1.0
+            self.x_scale = None if self.dynamic_tensor else np.float32(x_scale)   # static
         elif scheme == "fp8-e4m3":
             amax = float(np.max(np.abs(w)))
             self.w_scale = np.float32(amax / FP8_E4M3_MAX if amax > 0 else 1.0)
             self.w8 = (w.astype(np.float32) / self.w_scale).astype(FP8_E4M3)
         else:
             self.qw = quantize(w.astype(np.float32), granularity="channel")
-        if scheme == "llm.int8":                                    # fp16 weights of outlier columns
-            self.w16 = w.astype(np.float16)
+        if scheme == "llm.int8":                                    # weights of the outlier columns:
+            self.fp16_weights = bool(fp16_weights)                  # a float16 copy (Eq. 8), or
+            self.w16 = (w.astype(np.float16) if self.fp16_weights   # dequantised from the int8 ones
+                        else dequantize(self.qw, np.float32).astype(np.float16))   # (bitsandbytes)
             self.outlier_columns = set()
         if scheme == "w8a16":
             self.w_deq = dequantize(self.qw, np.float32)
@@ -307,7 +377,7 @@ class QLinear:
             n = self.w8.nbytes + 4
         else:
             n = self.qw.q.nbytes + self.qw.scale.nbytes
-        if self.scheme == "llm.int8":
+        if self.scheme == "llm.int8" and self.fp16_weights:
             n += 2 * self.w16.shape[0] * len(self.outlier_columns)
         if self.smooth is not None:
             n += self.smooth.nbytes
@@ -334,7 +404,9 @@ class QLinear:
                 x_out = x[:, outliers]
                 x = x.copy()
                 x[:, outliers] = 0.0                                # they take the float16 path
-        if self.static:
+        if self.dynamic_tensor:
+            qx = quantize(x, granularity="tensor")                  # dynamic: absmax of this input
+        elif self.static:
             qx = quantize(x, granularity="tensor", scale=self.x_scale)
         else:
             qx = quantize(x, granularity="token")                   # dynamic, one scale per row
@@ -362,7 +434,11 @@ def _check_options(scheme, calib, options):
         raise ValueError(f"alpha: expected a number in [0, 1]; got {opts['alpha']!r}")
     if "granularity" in opts and opts["granularity"] not in ("token", "tensor"):
         raise ValueError(f"granularity: expected 'token' or 'tensor'; got {opts['granularity']!r}")
-    if scheme in _NEEDS_CALIB and calib is None:
+    if "calibration" in opts and opts["calibration"] not in CALIBRATIONS + ("dynamic",):
+        raise ValueError(f"calibration: expected one of {CALIBRATIONS + ('dynamic',)}; got "
+                         f"{opts['calibration']!r}")
+    dynamic = opts.get("calibration") == "dynamic"                  # no calibration data needed
+    if scheme in _NEEDS_CALIB and calib is None and not dynamic:
         raise ValueError(f"calib: scheme {scheme!r} needs calibration inputs (its activation "
                          f"scales come from them); got None")
     return opts
@@ -388,23 +464,31 @@ class QuantizedBlock:
         p64 = {k: v.astype(np.float64) for k, v in block.params.items()}
         self.params = {k: v.astype(np.float32) for k, v in p64.items()}      # LN, biases: float32
         x_absmax = {name: None for name in LINEARS}
-        if calib is not None:
+        x_scale = {name: None for name in LINEARS}
+        how = opts.get("calibration", "absmax")
+        if how == "dynamic":
+            x_scale = dict.fromkeys(LINEARS, "dynamic")
+        elif calib is not None:
             calib = np.asarray(calib, dtype=np.float64)
             if calib.ndim != 3 or calib.shape[-1] != block.config.d_model:
                 raise ValueError(f"calib: expected (B, S, D) inputs with D = {block.config.d_model}; "
                                  f"got shape {calib.shape}")
             seen = {}
             def record_linear(name, h):
-                seen[name] = np.max(np.abs(h), axis=0)                        # per feature, (in,)
+                seen[name] = h                                                # (N, in)
                 w, b = _WEIGHT[name]
                 return h @ p64[w].T + p64[b]
             block_forward(p64, block.config, calib, linear=record_linear)
-            x_absmax = seen
+            x_absmax = {name: np.max(np.abs(h), axis=0) for name, h in seen.items()}   # (in,) each
+            if scheme == "w8a8-tensor" and how != "absmax":
+                x_scale = {name: calibrate_scale(h, how) for name, h in seen.items()}
         smooth = ("in_proj", "linear1")                                      # after a LayerNorm
         self.linears = {name: QLinear(p64[_WEIGHT[name][0]], p64[_WEIGHT[name][1]], scheme,
                                       x_absmax[name], opts.get("threshold", 6.0),
                                       opts.get("alpha", 0.5), smooth=name in smooth,
-                                      granularity=opts.get("granularity", "token"))
+                                      granularity=opts.get("granularity", "token"),
+                                      x_scale=x_scale[name],
+                                      fp16_weights=opts.get("fp16_weights", True))
                         for name in LINEARS}
 
     def __call__(self, x, key_padding_mask=None, record=None):
@@ -494,8 +578,11 @@ def quantize_block(model, scheme, calib=None, **options):
     model: a :class:`TransformerBlock` -> :class:`QuantizedBlock`, calib (B, S, D) inputs;
            a :class:`TransformerStack` -> :class:`QuantizedStack`, calib (B, S, D) inputs;
            a :class:`TinyLM` -> :class:`QuantizedLM`, calib (B, S) token ids.
-    options: ``threshold`` (llm.int8, default 6.0); ``alpha`` (smoothquant, default 0.5) and
-             ``granularity`` (smoothquant, "token" by default or "tensor").
+    options: ``threshold`` (llm.int8, default 6.0) and ``fp16_weights`` (llm.int8, default True:
+             a float16 copy of the weights for the outlier columns; False: dequantised from int8);
+             ``alpha`` (smoothquant, default 0.5) and ``granularity`` (smoothquant, "token" by
+             default or "tensor"); ``calibration`` (w8a8-tensor: "absmax" by default,
+             "percentile", "mse", or "dynamic" -- then no calib is needed).
     The model must be float32 or float64 and in eval mode.
     """
     if isinstance(model, TransformerBlock):

@@ -3,6 +3,11 @@
     python scripts/sync_bootstrap.py           # rewrite the notebooks that differ
     python scripts/sync_bootstrap.py --check   # exit 1, listing them, if any notebook differs
 
+The release the bootstrap installs by default, ``preln[notebooks] @ git+<url>@v<version>``, derives
+from _config.yml's ``repository.url`` and preln/__init__.py's ``__version__``: this script first
+rewrites that line of scripts/bootstrap_cell.py when either has changed (a fork, a new release), then
+the notebooks; with --check it only reports.
+
 Chapters (book/*.ipynb): the first code cell is the bootstrap alone, tagged ``remove-cell`` (the site
 does not show it; Jupyter, Colab and Binder run it). Assignments (assignments/source/*/*.ipynb): the
 locked setup cell starts with it, followed by the imports; `make assignments` then regenerates the
@@ -11,15 +16,34 @@ Only cell sources change; outputs are left as they are (the bootstrap prints not
 is importable, which is where stored outputs are made).
 """
 import argparse
+import re
 import sys
 from pathlib import Path
 
 import nbformat
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-BOOTSTRAP = (ROOT / "scripts" / "bootstrap_cell.py").read_text().rstrip("\n")
+BOOTSTRAP_FILE = ROOT / "scripts" / "bootstrap_cell.py"
+BOOTSTRAP = BOOTSTRAP_FILE.read_text().rstrip("\n")
+# the line of the bootstrap that names the default requirement
+DEFAULT_RE = re.compile(r'(os\.environ\.get\("PRELN_INSTALL"\) or )"([^"]*)"')
 MARKER = BOOTSTRAP.splitlines()[0]          # "# preln bootstrap: ..."
 TAG = "remove-cell"
+
+
+def release_requirement():
+    """``preln[notebooks] @ git+<_config.yml repository.url>@v<preln.__version__>``."""
+    url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"].rstrip("/")
+    version = re.search(r'^__version__ = "([^"]+)"', (ROOT / "preln" / "__init__.py").read_text(), re.M)
+    return f"preln[notebooks] @ git+{url}@v{version.group(1)}"
+
+
+def bootstrap_with_release(text):
+    """The bootstrap's text with its default requirement set to :func:`release_requirement`."""
+    if len(DEFAULT_RE.findall(text)) != 1:
+        raise SystemExit(f"{BOOTSTRAP_FILE}: expected one `os.environ.get(\"PRELN_INSTALL\") or \"...\"`")
+    return DEFAULT_RE.sub(lambda m: f'{m.group(1)}"{release_requirement()}"', text)
 
 
 def chapters():
@@ -71,6 +95,16 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="only report notebooks that differ")
     args = ap.parse_args(argv)
+    global BOOTSTRAP
+    current = bootstrap_with_release(BOOTSTRAP)
+    if current != BOOTSTRAP:
+        if args.check:
+            print(f"{BOOTSTRAP_FILE.relative_to(ROOT)}: the default requirement is not {release_requirement()!r}")
+            print("run: python scripts/sync_bootstrap.py")
+            return 1
+        BOOTSTRAP_FILE.write_text(current + "\n")
+        print(f"{BOOTSTRAP_FILE.relative_to(ROOT)}: default requirement now {release_requirement()!r}")
+        BOOTSTRAP = current
     stale = []
     for path, fix in [(p, sync_chapter) for p in chapters()] + [(p, sync_assignment) for p in assignment_notebooks()]:
         nb = nbformat.read(str(path), as_version=4)

@@ -91,3 +91,34 @@ def test_a_missing_dependency_is_not_hidden(tmp_path):
     (checkout / "pyproject.toml").write_text("")
     rc, out, err = _run(checkout, "-S")
     assert rc != 0 and "numpy_that_is_not_installed" in err
+
+
+def test_a_fork_gets_its_own_default_requirement(tmp_path, monkeypatch):
+    """Publishing a fork: set _config.yml's repository.url (or bump __version__), run
+    sync_bootstrap.py, and the bootstrap of every notebook installs from the fork's release."""
+    for rel in ["_config.yml", "preln/__init__.py", "scripts/bootstrap_cell.py", CHAPTERS[0].relative_to(ROOT),
+                ASSIGNMENTS[0].relative_to(ROOT)]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes((ROOT / rel).read_bytes())
+    config = tmp_path / "_config.yml"
+    url = yaml.safe_load(config.read_text())["repository"]["url"]
+    config.write_text(config.read_text().replace(url, "https://github.com/someone/preln-course"))
+    init = tmp_path / "preln" / "__init__.py"
+    init.write_text(init.read_text().replace(f'__version__ = "{preln.__version__}"', '__version__ = "9.8.7"'))
+    monkeypatch.setattr(sync_bootstrap, "ROOT", tmp_path)
+    monkeypatch.setattr(sync_bootstrap, "BOOTSTRAP_FILE", tmp_path / "scripts" / "bootstrap_cell.py")
+    monkeypatch.setattr(sync_bootstrap, "BOOTSTRAP", BOOTSTRAP)   # main() rebinds it: restored after the test
+    wanted = "preln[notebooks] @ git+https://github.com/someone/preln-course@v9.8.7"
+    assert sync_bootstrap.release_requirement() == wanted
+    assert sync_bootstrap.main(["--check"]) == 1             # reports, writes nothing
+    assert (tmp_path / "scripts" / "bootstrap_cell.py").read_text() == BOOTSTRAP + "\n"
+    assert sync_bootstrap.main([]) == 0
+    new = (tmp_path / "scripts" / "bootstrap_cell.py").read_text()
+    assert f'or "{wanted}"' in new and new.replace(wanted, "") == BOOTSTRAP.replace(
+        re.search(r'or "([^"]+)"', BOOTSTRAP).group(1), "") + "\n"
+    chapter = nbformat.read(str(tmp_path / CHAPTERS[0].relative_to(ROOT)), as_version=4)
+    assert next(c for c in chapter.cells if c.cell_type == "code").source == new.rstrip("\n")
+    assignment = nbformat.read(str(tmp_path / ASSIGNMENTS[0].relative_to(ROOT)), as_version=4)
+    assert wanted in next(c for c in assignment.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "setup").source
+    assert sync_bootstrap.BOOTSTRAP == new.rstrip("\n")
+    assert sync_bootstrap.main(["--check"]) == 0             # and then it is in step

@@ -151,6 +151,84 @@ def test_llm_int8_definition():
                                   quant.QLinear(w, b, "w8a8")(x))
 
 
+def test_llm_int8_outlier_weights_from_int8():
+    """bitsandbytes' inference path (fp16_weights=False) multiplies the outlier columns by the
+    int8 weights dequantised, S_w q_w, not by a float16 copy -- and stores no copy."""
+    x, w, b = _lin_case()
+    lin = quant.QLinear(w, b, "llm.int8", threshold=6.0, fp16_weights=False)
+    y = lin(x)
+    xi = x.astype(np.float64).copy()
+    xi[:, 3] = 0
+    qx, sx = _absmax_rows(xi)
+    qw, sw = _absmax_rows(w.astype(np.float32).astype(np.float64))
+    x16 = x[:, [3]].astype(np.float16).astype(np.float64)
+    w_deq = (qw * sw)[:, [3]].astype(np.float16).astype(np.float64)
+    ref = (qx @ qw.T) * sx * sw.T + x16 @ w_deq.T + b
+    np.testing.assert_allclose(y, ref, rtol=FLOAT32_TOL, atol=FLOAT32_TOL)
+    paper = quant.QLinear(w, b, "llm.int8", threshold=6.0)
+    paper(x)
+    assert paper.weight_nbytes() == lin.weight_nbytes() + 2 * 5 * 1   # one float16 column of 5 rows
+
+
+def test_calibrate_scale_methods():
+    rng = np.random.default_rng(0)
+    x = rng.standard_t(3, 20_000)                            # heavy tails: a few large values
+    amax = np.abs(x).max()
+    assert quant.calibrate_scale(x, "absmax") == pytest.approx(amax / 127)
+    assert quant.calibrate_scale(x, "percentile", percentile=99.9) == pytest.approx(
+        np.percentile(np.abs(x), 99.9) / 127)
+
+    def mse(scale, hi=127):
+        return np.mean((x - scale * np.clip(np.rint(x / scale), -hi, hi)) ** 2)
+
+    s_mse = quant.calibrate_scale(x, "mse")
+    # the grid contains the absmax clip, so the MSE choice is never worse
+    assert mse(s_mse) <= mse(amax / 127)
+    grid = amax * np.arange(1, 201) / 200 / 127
+    assert mse(s_mse) == pytest.approx(min(mse(g) for g in grid))
+    # at 4 bits the rounding step is 18 times coarser, and clipping the tail pays
+    s4 = quant.calibrate_scale(x, "mse", bits=4)
+    assert s4 < 0.5 * amax / 7 and mse(s4, 7) < 0.5 * mse(amax / 7, 7)
+    assert quant.calibrate_scale(np.zeros(4)) == 1.0
+    assert quant.calibrate_scale(x, "absmax", bits=4) == pytest.approx(amax / 7)
+    with pytest.raises(ValueError, match="method"):
+        quant.calibrate_scale(x, "entropy")
+    with pytest.raises(ValueError, match="percentile"):
+        quant.calibrate_scale(x, "percentile", percentile=0)
+
+
+@pytest.mark.parametrize("calibration", quant.CALIBRATIONS)
+def test_static_calibrations_in_the_block(calibration):
+    block = make_block()
+    rng = np.random.default_rng(1)
+    calib = rng.standard_normal((4, 8, 16))
+    qb = quant.quantize_block(block, "w8a8-tensor", calib, calibration=calibration)
+    seen = {}
+    quant.block_forward({k: v.astype(np.float64) for k, v in block.params.items()}, block.config,
+                        calib, linear=lambda n, h: seen.setdefault(n, h) @ block.params[
+                            quant._WEIGHT[n][0]].T + block.params[quant._WEIGHT[n][1]])
+    for name, h in seen.items():
+        assert qb.linears[name].x_scale == pytest.approx(quant.calibrate_scale(h, calibration), rel=1e-6)
+    x = rng.standard_normal((2, 8, 16))
+    assert rel(qb(x), block(x)) < QUANT_REL_TOL
+
+
+def test_dynamic_per_tensor_needs_no_calibration():
+    x, w, b = _lin_case()
+    lin = quant.QLinear(w, b, "w8a8-tensor", x_scale="dynamic")
+    sx = np.abs(x).max() / 127                               # from this input, whatever came before
+    qx = np.clip(np.rint(x / sx), -127, 127)
+    sw = np.abs(w).max() / 127
+    np.testing.assert_allclose(lin(x), (qx @ np.rint(w / sw).T) * sx * sw + b, rtol=FLOAT32_TOL,
+                               atol=FLOAT32_TOL)
+    qb = quant.quantize_block(make_block(), "w8a8-tensor", calibration="dynamic")
+    assert all(l.dynamic_tensor for l in qb.linears.values())
+    with pytest.raises(ValueError, match="calibration"):
+        quant.quantize_block(make_block(), "w8a8-tensor", np.zeros((1, 2, 16)), calibration="max")
+    with pytest.raises(ValueError, match="calib"):
+        quant.quantize_block(make_block(), "w8a8-tensor", calibration="mse")
+
+
 def test_smoothquant_definition():
     x, w, b = _lin_case()
     calib = np.abs(x).max(axis=0)
@@ -324,3 +402,17 @@ def test_int8_explorable_is_registered_and_honest():
     assert med(8, "per token + float outliers", 64) <= med(8, "per token", 64)
     assert med(4, "per token", 1) > med(8, "per token", 1)
     assert "int8" in fig.activation_error_alt(8, "per tensor", 64)
+
+
+def test_new_int8_figures_are_labelled():
+    from preln import inference as inf, qmatvec
+    from preln.figures import int8 as fig
+    from tests.figure_checks import assert_labelled
+    m = inf.PUBLISHED_MODELS["Llama 3 8B"]
+    assert_labelled(fig.plot_weight_bits_decode(m, {"H100": inf.PUBLISHED["H100 SXM"]}, [1, 8, 64], 512))
+    rows = [qmatvec.MatvecTiming("float32", 4000, 1e-3, 0.0), qmatvec.MatvecTiming("int8", 1000, 5e-4, 0.0)]
+    assert_labelled(fig.plot_matvec(rows, 4e6))
+    ppl = {(mth, b, g): 2.0 + 1.0 / b for mth in ("rtn", "gptq", "awq") for b in (3, 4) for g in (8, "row")}
+    assert_labelled(fig.plot_weight_only((3, 4), (8, "row"), ppl, 2.0))
+    clips = np.linspace(0.1, 1, 5)
+    assert_labelled(fig.plot_calibration(clips, {"8-bit": clips ** 2}, {"mse": (0.5, 0.25)}, 8))

@@ -11,13 +11,14 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import BlockConfig
-from ..inference import PUBLISHED, decode_cost, kv_cache_bytes
+from ..inference import PUBLISHED, decode_cost, kv_cache_bytes, step_ops
 from ..viz import PALETTE
 
 __all__ = ["EXPLORABLES", "plot_roofline", "plot_published", "plot_fusion_bytes",
-           "plot_predicted_vs_measured", "plot_attention_io", "plot_decode_times",
-           "plot_decode_batch", "plot_decode_roofline", "decode_roofline_alt", "OPT13B",
-           "OPT13B_LAYERS", "traffic_table_html"]
+           "plot_predicted_vs_measured", "plot_attention_io", "plot_attention_terms",
+           "plot_decode_times", "plot_decode_batch", "plot_decode_ops", "plot_paged_memory",
+           "plot_decode_roofline", "decode_roofline_alt", "OPT13B", "OPT13B_LAYERS",
+           "traffic_table_html", "bound_table_html"]
 
 #: OPT-13B's blocks (Zhang et al. 2022, arXiv 2205.01068, Table 1): 40 layers, d_model 5120,
 #: 40 heads, d_ff = 4 d_model; the explorable decodes with it in 16-bit (2 bytes per value)
@@ -209,6 +210,108 @@ def plot_decode_batch(batches, measured, predicted, ridge_batch):
     return fig
 
 
+def plot_attention_terms(terms):
+    """Slow-memory accesses of one head, term by term, for several algorithms (stacked bars).
+
+    terms: {algorithm label: {(array, "read" | "write"): elements}} (attention_access_terms).
+    """
+    fig, ax = _figure((7.2, 2.9))
+    arrays = ["Q", "K", "V", "Z", "P", "O", "l", "m", "L"]
+    colours = dict(zip(arrays, [PALETTE[0], PALETTE[2], PALETTE[4], PALETTE[1], PALETTE[3],
+                                PALETTE[5], PALETTE[7], PALETTE[6], PALETTE[6]]))
+    y = np.arange(len(terms))[::-1]
+    seen = set()
+    for yy, (label, t) in zip(y, terms.items()):
+        left = 0.0
+        for a in arrays:
+            for kind, hatch in (("read", ""), ("write", "//")):
+                n = t.get((a, kind), 0) / 1e6
+                if n:
+                    lab = f"{a}" if a not in seen else None
+                    seen.add(a)
+                    ax.barh(yy, n, left=left, height=0.6, color=colours[a], hatch=hatch,
+                            edgecolor="white", lw=0.5, label=lab)
+                    left += n
+        ax.annotate(f"{left:.1f} M", (left, yy), xytext=(3, -3), textcoords="offset points",
+                    fontsize=8)
+    ax.set_yticks(y, list(terms), fontsize=9)
+    ax.set_xlabel("slow-memory accesses (millions of elements; hatched: writes)")
+    ax.set_ylabel("algorithm")
+    ax.grid(axis="y", visible=False)
+    ax.legend(fontsize=7.5, ncol=4, loc="lower right")
+    ax.set_xlim(0, ax.get_xlim()[1] * 1.12)
+    return fig
+
+
+#: the ops of a decode step drawn by plot_decode_ops: the weight matmuls and attention
+_DECODE_OPS = {"qkv_proj": "q, k, v projection", "out_proj": "out projection",
+               "mlp": "MLP matrices", "attention": "attention (reads the KV cache)"}
+
+
+def plot_decode_ops(models, machines, context, batches=None):
+    """Per-op roofline of a decode step: each op's arithmetic intensity in 16-bit against the batch
+    size, one panel per model, with the ridge points of ``machines`` ({label: (Roofline, itemsize)};
+    a machine computing in ``itemsize`` bytes has intensities 2 / itemsize times the 16-bit ones, so
+    its line is drawn at ridge * itemsize / 2): an op is compute-bound on a machine where its curve
+    is above that machine's line."""
+    batches = np.unique(np.round(np.logspace(0, 12, 60, base=2)).astype(int)) if batches is None \
+        else np.asarray(batches)
+    fig, axes = _figure((9.6, 3.7), 1, len(models), sharey=True)
+    axes = np.atleast_1d(axes)
+    styles = {"qkv_proj": (PALETTE[0], "-"), "out_proj": (PALETTE[2], "--"),
+              "mlp": (PALETTE[4], "-."), "attention": (PALETTE[1], "-")}
+    for ax, model in zip(axes, models):
+        for op, label in _DECODE_OPS.items():
+            ys = []
+            for b in batches:
+                ops = {o.name: o for o in step_ops(model, int(b), 1, context, itemsize=2)}
+                ys.append(ops["down" if op == "mlp" and model.gated else
+                              "linear2" if op == "mlp" else op].intensity)
+            colour, ls = styles[op]
+            ax.loglog(batches, ys, ls, color=colour, lw=1.8, label=label)
+        for label, (roof, size) in machines.items():
+            line = roof.ridge * size / 2          # a machine computing in `size` bytes: its ridge
+            ax.axhline(line, color=PALETTE[6], lw=0.8, ls=":")        # on the 16-bit axis
+            ax.annotate(f"{label} ridge" + (f" x {size // 2}" if size != 2 else ""),
+                        (batches[-1], line), xytext=(-2, 2), textcoords="offset points",
+                        fontsize=7, ha="right")
+        ax.set_xlabel("batch (sequences decoded together)")
+        kind = "multi-head" if model.group == 1 else f"grouped-query, {model.n_kv_heads} KV heads"
+        ax.set_title(f"{model.name} ({kind}), context {context}", fontsize=9)
+        ax.minorticks_off()
+    for ax in axes:
+        ax.set_ylabel("FLOPs per byte (16-bit)")
+    axes[0].legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(0.0, 0.9))
+    return fig
+
+
+def plot_paged_memory(paged, reserved, block_size, max_len, bytes_per_position):
+    """KV-cache memory over scheduler steps: the tokens stored, what the paged cache holds (whole
+    blocks), and what reserving max_len per running sequence would hold; below, how many
+    sequences run per step under the paged cache and under the reservation (same pool)."""
+    fig, (ax, bx) = _figure((7.2, 5.0), 2, 1, sharex=True)
+    kib = bytes_per_position / 2**10
+    steps = np.array([r.step for r in paged.steps])
+    stored = np.array([r.tokens_stored for r in paged.steps]) * kib
+    held = np.array([r.blocks_used * block_size for r in paged.steps]) * kib
+    whole = np.array([r.reserved_tokens for r in paged.steps]) * kib
+    ax.plot(steps, whole, "-", color=PALETTE[1], lw=1.6, label=f"reserving max_len = {max_len} per sequence")
+    ax.plot(steps, held, "-", color=PALETTE[0], lw=1.6, label=f"paged: blocks of {block_size} held")
+    ax.fill_between(steps, 0, stored, color=PALETTE[2], alpha=0.35, lw=0, label="positions stored")
+    ax.set_ylabel("KV cache (KiB)")
+    ax.set_xlabel("scheduler step")
+    ax.legend(fontsize=7.5, loc="upper right")
+    ax.set_title("the same running batch, two ways to hold its keys and values", fontsize=9)
+    bx.step(steps, [len(r.running) for r in paged.steps], where="mid", color=PALETTE[0],
+            label="paged cache")
+    bx.step([r.step for r in reserved.steps], [len(r.running) for r in reserved.steps],
+            where="mid", color=PALETTE[1], ls="--", label="max_len reserved, same memory")
+    bx.set_xlabel("scheduler step")
+    bx.set_ylabel("sequences running")
+    bx.legend(fontsize=7.5, loc="upper right")
+    return fig
+
+
 # ---- the explorable: decode on a published GPU ------------------------------------------------
 
 def _decode_point(batch, context, gpu):
@@ -319,4 +422,29 @@ def traffic_table_html(unfused, fused, caption):
         ["op", "MFLOP", "unfused MiB", "FLOP/B (unfused)", "fused MiB"]))
     return (f"<div style='overflow-x:auto'><table style='font-size:0.8em;border-collapse:collapse'>"
             f"<caption>{html.escape(caption)}</caption><thead><tr>{head}</tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody></table></div>")
+
+
+def bound_table_html(ops, machines, caption):
+    """An HTML table: each op's intensity and, per machine, whether it is memory- or compute-bound.
+
+    ops: {itemsize: [OpTraffic]}, machines: {label: (Roofline, itemsize)}.
+    """
+    import html
+
+    names = [o.name for o in next(iter(ops.values())) if o.flops > 0]
+    by = {size: {o.name: o for o in lst} for size, lst in ops.items()}
+    head = ["op"] + [f"FLOP/B ({8 * size}-bit)" for size in ops] + [
+        f"{html.escape(label)} (ridge {roof.ridge:.0f})" for label, (roof, _) in machines.items()]
+    rows = []
+    for n in names:
+        cells = [f"<td style='{_TD}'><code>{html.escape(n)}</code></td>"]
+        cells += [f"<td style='{_TDR}'>{by[size][n].intensity:.3g}</td>" for size in ops]
+        for roof, size in machines.values():
+            compute = by[size][n].intensity >= roof.ridge
+            cells.append(f"<td style='{_TD}'>{'<strong>compute</strong>' if compute else 'memory'}</td>")
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    th = "".join(f"<th style='{_TD}'>{h}</th>" for h in head)
+    return (f"<div style='overflow-x:auto'><table style='font-size:0.8em;border-collapse:collapse'>"
+            f"<caption>{html.escape(caption)}</caption><thead><tr>{th}</tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table></div>")

@@ -18,7 +18,8 @@ from ..viz import PALETTE
 from .precision import Table
 
 __all__ = ["plot_bits_error", "plot_accumulators", "plot_op_errors", "plot_outlier_channels",
-           "plot_sweeps", "activation_sample", "activation_errors", "plot_activation_error",
+           "plot_sweeps", "plot_weight_bits_decode", "plot_matvec", "plot_weight_only",
+           "plot_calibration", "activation_sample", "activation_errors", "plot_activation_error",
            "activation_error_alt", "EXPLORABLES", "OUTLIER_CHANNEL"]
 
 BLUE, VERMILLION, GREEN, ORANGE, SKY, PURPLE, BLACK, YELLOW = PALETTE
@@ -117,6 +118,95 @@ def plot_sweeps(thresholds, ppl_thr, frac_thr, alphas, ppl_alpha, ppl_float, ppl
     bx.axhline(ppl_tensor, color=VERMILLION, ls="--", lw=1, label="per-tensor W8A8")
     bx.set_xlabel("migration strength alpha")
     bx.legend(fontsize=8, loc="upper center")
+    return fig
+
+
+def plot_weight_bits_decode(model, roofs, batches, context, bits=(16, 8, 4), group_size=128):
+    """Predicted decode throughput (tokens/s, the roofline's bound) of ``model`` against the batch
+    size with its weights stored in 16, 8 and 4 bits, on each of ``roofs`` ({label: Roofline})."""
+    from ..inference import step_time
+    fig = Figure(figsize=(7.2, 3.6))
+    axes = fig.subplots(1, len(roofs), sharey=True)
+    axes = np.atleast_1d(axes)
+    for ax, (label, roof) in zip(axes, roofs.items()):
+        for b, c, m in zip(bits, [BLUE, ORANGE, GREEN], "os^"):
+            g = None if b >= 8 else group_size
+            tps = [n / step_time(model, roof, n, 1, context, 2, b, g) for n in batches]
+            ax.loglog(batches, tps, marker=m, ms=4, color=c,
+                      label=f"{b}-bit weights" + (f", groups of {g}" if g else ""))
+        ax.set_xlabel("batch (sequences)")
+        ax.set_title(f"{model.name} on {label}, context {context}", fontsize=9)
+        ax.minorticks_off()
+    for ax in axes:
+        ax.set_ylabel("tokens per second (roofline bound)")
+    axes[0].legend(fontsize=8, loc="upper left")
+    return fig
+
+
+def plot_matvec(rows, bandwidth):
+    """Measured time of y = W x per storage format, with the time its bytes need at ``bandwidth``
+    (bytes/s, measured): a format below its marker is not memory-bound (its arithmetic binds)."""
+    fig = Figure(figsize=(6.8, 3.2))
+    ax = fig.add_subplot()
+    y = np.arange(len(rows))[::-1]
+    ax.barh(y, [1e3 * r.seconds for r in rows], height=0.55, color=BLUE, label="measured (best CPU time)")
+    ax.plot([1e3 * r.nbytes / bandwidth for r in rows], y, "D", color=VERMILLION, ms=7,
+            label="bytes / measured bandwidth")
+    for yy, r in zip(y, rows):
+        ax.annotate(f"{r.nbytes / 2**20:.0f} MiB", (1e3 * r.seconds, yy), xytext=(4, -3),
+                    textcoords="offset points", fontsize=8)
+    ax.set_yticks(y, [r.name for r in rows], fontsize=9)
+    ax.set_xlabel("ms per matrix-vector product (one core)")
+    ax.set_ylabel("weight storage")
+    ax.grid(axis="y", visible=False)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_xlim(0, ax.get_xlim()[1] * 1.15)
+    return fig
+
+
+def plot_weight_only(bits, groups, ppl, ppl_float, title=""):
+    """Held-out perplexity against bits per weight, one panel per group size, one line per method.
+
+    ppl: {(method, bits, group label): perplexity}; groups: group labels in panel order.
+    """
+    fig = Figure(figsize=(8.4, 3.2))
+    axes = np.atleast_1d(fig.subplots(1, len(groups), sharey=True))
+    for ax, g in zip(axes, groups):
+        for method, c, m in zip(("rtn", "gptq", "awq"), [VERMILLION, BLUE, GREEN], "os^"):
+            ax.plot(bits, [ppl[method, b, g] for b in bits], marker=m, color=c,
+                    label={"rtn": "round to nearest", "gptq": "GPTQ", "awq": "AWQ"}[method])
+        ax.axhline(ppl_float, color=BLACK, ls=":", lw=1, label="float64")
+        ax.set_yscale("log")
+        ax.set_xticks(list(bits))
+        ax.set_xlabel("bits per weight")
+        ax.set_title(f"groups of {g}" if g != "row" else "one scale per row", fontsize=9)
+        ax.minorticks_off()
+    for ax in axes:
+        ax.set_ylabel("held-out perplexity" + (f"\n{title}" if title else ""))
+    axes[0].legend(fontsize=7.5, loc="upper right")
+    from matplotlib.ticker import LogLocator, ScalarFormatter
+    for ax in axes:
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 3.0, 5.0)))
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+    return fig
+
+
+def plot_calibration(clips, errors, marks, bits):
+    """Mean squared quantisation error of one activation against the clip value c (S = c / qmax),
+    with the clips that absmax, percentile and MSE calibration choose marked.
+
+    errors: {label: array over ``clips``}; marks: {method: (clip, error)} for the first label.
+    """
+    fig = Figure(figsize=(6.4, 3.4))
+    ax = fig.add_subplot()
+    for (label, err), c in zip(errors.items(), [BLUE, ORANGE]):
+        ax.plot(clips, err, "-", color=c, label=label)
+    for (method, (c, e)), colour, m in zip(marks.items(), [VERMILLION, PURPLE, GREEN], "Dso"):
+        ax.plot([c], [e], m, color=colour, ms=8, label=method)
+    ax.set_yscale("log")
+    ax.set_xlabel(f"clip c (the largest value kept), {bits}-bit symmetric grid")
+    ax.set_ylabel("mean squared error")
+    ax.legend(fontsize=8)
     return fig
 
 
