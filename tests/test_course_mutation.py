@@ -1,6 +1,6 @@
 """The course edition, slow part 3 (`make test-course`): each assignment's hidden checks catch at
 least 90 % of the mutants of its solutions (scripts/course/mutate.py; `make mutation` prints the
-table), and every plausible wrong answer of derivation_ops, int8 and modern_block loses its
+table), and every plausible wrong answer of derivation_ops, int8, modern_block and inference loses its
 question — evaluated exactly as the grader evaluates (scripts/course/checks.py), in this process."""
 import sys
 from pathlib import Path
@@ -180,6 +180,143 @@ INT8_WRONG = {
     qw, sw = quantize_absmax(w.astype(np.float32), per_row=True)
     return int8_matmul(qx, qw).astype(np.float32) * (sx * sw.T) + b.astype(np.float32)""",
     },
+    "q6": {
+        "the range not stretched to hold 0": """def rtn_groups(w, bits=4, group_size=None):
+    M, K = w.shape
+    g = K if group_size is None else group_size
+    wg = w.reshape(M, K // g, g)
+    lo, hi = wg.min(axis=-1), wg.max(axis=-1)
+    scale = np.where(hi > lo, (hi - lo) / (2 ** bits - 1), 1.0)
+    zero = np.rint(-lo / scale)
+    q = np.clip(np.rint(wg / scale[..., None]) + zero[..., None], 0, 2 ** bits - 1)
+    return q.reshape(M, K).astype(np.int64), scale, zero""",
+        "2^b levels apart instead of 2^b - 1": """def rtn_groups(w, bits=4, group_size=None):
+    M, K = w.shape
+    g = K if group_size is None else group_size
+    wg = w.reshape(M, K // g, g)
+    lo = np.minimum(wg.min(axis=-1), 0.0)
+    hi = np.maximum(wg.max(axis=-1), 0.0)
+    scale = np.where(hi > lo, (hi - lo) / 2 ** bits, 1.0)
+    zero = np.rint(-lo / scale)
+    q = np.clip(np.rint(wg / scale[..., None]) + zero[..., None], 0, 2 ** bits - 1)
+    return q.reshape(M, K).astype(np.int64), scale, zero""",
+        "the zero point floored": """def rtn_groups(w, bits=4, group_size=None):
+    M, K = w.shape
+    g = K if group_size is None else group_size
+    wg = w.reshape(M, K // g, g)
+    lo = np.minimum(wg.min(axis=-1), 0.0)
+    hi = np.maximum(wg.max(axis=-1), 0.0)
+    scale = np.where(hi > lo, (hi - lo) / (2 ** bits - 1), 1.0)
+    zero = np.floor(-lo / scale)
+    q = np.clip(np.rint(wg / scale[..., None]) + zero[..., None], 0, 2 ** bits - 1)
+    return q.reshape(M, K).astype(np.int64), scale, zero""",
+        "groups of strided columns (j, j + K/g, ...) instead of consecutive ones": """def rtn_groups(w, bits=4, group_size=None):
+    M, K = w.shape
+    g = K if group_size is None else group_size
+    wg = w.reshape(M, g, K // g).swapaxes(1, 2)                   # (M, groups, g), strided
+    lo = np.minimum(wg.min(axis=-1), 0.0)
+    hi = np.maximum(wg.max(axis=-1), 0.0)
+    scale = np.where(hi > lo, (hi - lo) / (2 ** bits - 1), 1.0)
+    zero = np.rint(-lo / scale)
+    q = np.clip(np.rint(wg / scale[..., None]) + zero[..., None], 0, 2 ** bits - 1)
+    return q.swapaxes(1, 2).reshape(M, K).astype(np.int64), scale, zero""",
+        "no clamp": """def rtn_groups(w, bits=4, group_size=None):
+    M, K = w.shape
+    g = K if group_size is None else group_size
+    wg = w.reshape(M, K // g, g)
+    lo = np.minimum(wg.min(axis=-1), 0.0)
+    hi = np.maximum(wg.max(axis=-1), 0.0)
+    scale = np.where(hi > lo, (hi - lo) / (2 ** bits - 1), 1.0)
+    zero = np.rint(-lo / scale)
+    q = np.rint(wg / scale[..., None]) + zero[..., None]
+    return q.reshape(M, K).astype(np.int64), scale, zero""",
+        "no guard for a group of zeros (S = 0)": """def rtn_groups(w, bits=4, group_size=None):
+    M, K = w.shape
+    g = K if group_size is None else group_size
+    wg = w.reshape(M, K // g, g)
+    lo = np.minimum(wg.min(axis=-1), 0.0)
+    hi = np.maximum(wg.max(axis=-1), 0.0)
+    scale = (hi - lo) / (2 ** bits - 1)
+    with np.errstate(all="ignore"):
+        zero = np.rint(-lo / scale)
+        q = np.clip(np.rint(wg / scale[..., None]) + zero[..., None], 0, 2 ** bits - 1)
+    return np.nan_to_num(q).reshape(M, K).astype(np.int64), scale, zero""",
+        "calls preln": """from preln.groupquant import rtn as _rtn
+def rtn_groups(w, bits=4, group_size=None):
+    r = _rtn(w, bits=bits, group_size=group_size)
+    return r.q.astype(np.int64), r.scale, r.zero""",
+    },
+    "q7": {
+        "no error feedback (round to nearest)": """def gptq_quantize(w, x, bits=4, damp=0.01):
+    q, scale, zero = rtn_groups(w, bits)
+    return scale * (q - zero)""",
+        "the error not divided by U_ii": """def gptq_quantize(w, x, bits=4, damp=0.01):
+    _, scale, zero = rtn_groups(w, bits)
+    h = x.T @ x
+    h = h + damp * np.mean(np.diag(h)) * np.eye(len(h))
+    u = np.linalg.cholesky(np.linalg.inv(h)).T
+    w = w.copy()
+    w_hat = np.zeros_like(w)
+    for i in range(w.shape[1]):
+        q = np.clip(np.rint(w[:, i] / scale[:, 0]) + zero[:, 0], 0, 2 ** bits - 1)
+        w_hat[:, i] = scale[:, 0] * (q - zero[:, 0])
+        e = w[:, i] - w_hat[:, i]
+        w[:, i:] -= np.outer(e, u[i, i:])
+    return w_hat""",
+        "the Cholesky factor of H instead of H^-1": """def gptq_quantize(w, x, bits=4, damp=0.01):
+    _, scale, zero = rtn_groups(w, bits)
+    h = x.T @ x
+    h = h + damp * np.mean(np.diag(h)) * np.eye(len(h))
+    u = np.linalg.cholesky(h).T
+    w = w.copy()
+    w_hat = np.zeros_like(w)
+    for i in range(w.shape[1]):
+        q = np.clip(np.rint(w[:, i] / scale[:, 0]) + zero[:, 0], 0, 2 ** bits - 1)
+        w_hat[:, i] = scale[:, 0] * (q - zero[:, 0])
+        e = (w[:, i] - w_hat[:, i]) / u[i, i]
+        w[:, i:] -= np.outer(e, u[i, i:])
+    return w_hat""",
+        "absolute damping (lambda I, not relative to mean diag H)": """def gptq_quantize(w, x, bits=4, damp=0.01):
+    _, scale, zero = rtn_groups(w, bits)
+    h = x.T @ x + damp * np.eye(x.shape[1])
+    u = np.linalg.cholesky(np.linalg.inv(h)).T
+    w = w.copy()
+    w_hat = np.zeros_like(w)
+    for i in range(w.shape[1]):
+        q = np.clip(np.rint(w[:, i] / scale[:, 0]) + zero[:, 0], 0, 2 ** bits - 1)
+        w_hat[:, i] = scale[:, 0] * (q - zero[:, 0])
+        e = (w[:, i] - w_hat[:, i]) / u[i, i]
+        w[:, i:] -= np.outer(e, u[i, i:])
+    return w_hat""",
+        "the grid recomputed from each updated column": """def gptq_quantize(w, x, bits=4, damp=0.01):
+    h = x.T @ x
+    h = h + damp * np.mean(np.diag(h)) * np.eye(len(h))
+    u = np.linalg.cholesky(np.linalg.inv(h)).T
+    w = w.copy()
+    w_hat = np.zeros_like(w)
+    for i in range(w.shape[1]):
+        _, scale, zero = rtn_groups(w, bits)
+        q = np.clip(np.rint(w[:, i] / scale[:, 0]) + zero[:, 0], 0, 2 ** bits - 1)
+        w_hat[:, i] = scale[:, 0] * (q - zero[:, 0])
+        e = (w[:, i] - w_hat[:, i]) / u[i, i]
+        w[:, i:] -= np.outer(e, u[i, i:])
+    return w_hat""",
+        "updates w in place (no copy)": """def gptq_quantize(w, x, bits=4, damp=0.01):
+    _, scale, zero = rtn_groups(w, bits)
+    h = x.T @ x
+    h = h + damp * np.mean(np.diag(h)) * np.eye(len(h))
+    u = np.linalg.cholesky(np.linalg.inv(h)).T
+    w_hat = np.zeros_like(w)
+    for i in range(w.shape[1]):
+        q = np.clip(np.rint(w[:, i] / scale[:, 0]) + zero[:, 0], 0, 2 ** bits - 1)
+        w_hat[:, i] = scale[:, 0] * (q - zero[:, 0])
+        e = (w[:, i] - w_hat[:, i]) / u[i, i]
+        w[:, i:] -= np.outer(e, u[i, i:])
+    return w_hat""",
+        "calls preln": """from preln.gptq import gptq as _gptq
+def gptq_quantize(w, x, bits=4, damp=0.01):
+    return _gptq(w, x, bits=bits, damp=damp).dequantize()""",
+    },
 }
 INT8_RIGHT = {
     "q1": {"amax * (1 / 127), one ulp from amax / 127": """def quantize_absmax(x, per_row=False, scale=None):
@@ -190,6 +327,34 @@ INT8_RIGHT = {
         scale = np.where(amax > 0, amax * (1 / 127), 1).astype(ft)
     scale = np.asarray(scale, dtype=ft)
     return np.clip(np.rint(xs / scale), -QMAX, QMAX).astype(np.int8), scale"""},
+    "q6": {"S = (h - l) * (1 / (2^b - 1)), a loop over the groups": """def rtn_groups(w, bits=4, group_size=None):
+    M, K = w.shape
+    g = K if group_size is None else group_size
+    q = np.empty((M, K), dtype=np.int32)
+    scale, zero = np.empty((M, K // g)), np.empty((M, K // g))
+    top = 2 ** bits - 1
+    for m in range(M):
+        for j in range(K // g):
+            grp = w[m, j * g:(j + 1) * g]
+            lo, hi = min(grp.min(), 0.0), max(grp.max(), 0.0)
+            s = (hi - lo) * (1 / top) if hi > lo else 1.0
+            z = np.rint(-lo / s)
+            scale[m, j], zero[m, j] = s, z
+            q[m, j * g:(j + 1) * g] = np.clip(np.rint(grp / s) + z, 0, top)
+    return q, scale, zero"""},
+    "q7": {"the OBS step from the inverse Hessian, re-inverted after each column": """def gptq_quantize(w, x, bits=4, damp=0.01):
+    _, scale, zero = rtn_groups(w, bits)
+    h = x.T @ x
+    h = h + damp * np.mean(np.diag(h)) * np.eye(len(h))
+    w = w.copy()
+    w_hat = np.zeros_like(w)
+    K = w.shape[1]
+    for i in range(K):
+        h_inv = np.linalg.inv(h[i:, i:])                          # the columns not yet quantised
+        q = np.clip(np.rint(w[:, i] / scale[:, 0]) + zero[:, 0], 0, 2 ** bits - 1)
+        w_hat[:, i] = scale[:, 0] * (q - zero[:, 0])
+        w[:, i:] -= np.outer((w[:, i] - w_hat[:, i]) / h_inv[0, 0], h_inv[0])
+    return w_hat"""},
 }
 
 
@@ -467,6 +632,236 @@ MODERN_RIGHT = {
 }
 
 
+#: inference's plausible mistakes (issue 17): each loses its question
+INFERENCE_WRONG = {
+    "q7": {
+        "the KV cache at full width (only the projections shrink)": """def gqa_decode_step_cost(cfg, n_layers, batch, context, n_kv_heads, itemsize=2):
+    D, F, H = cfg.d_model, cfg.d_ff, cfg.n_heads
+    if H % n_kv_heads:
+        raise ValueError(f"n_kv_heads: expected a divisor of n_heads = {H}; got {n_kv_heads}")
+    kv = n_kv_heads * (D // H)
+    matrices = 2 * D * D + 2 * D * kv + 2 * D * F
+    vectors = D + 2 * kv + D + F + D + 4 * D
+    flops = n_layers * batch * (2 * matrices + 4 * context * D)
+    nbytes = (n_layers * (matrices + vectors) + 2 * n_layers * batch * context * D) * itemsize
+    return flops, nbytes""",
+        "the projections at full width (only the cache shrinks)": """def gqa_decode_step_cost(cfg, n_layers, batch, context, n_kv_heads, itemsize=2):
+    D, F, H = cfg.d_model, cfg.d_ff, cfg.n_heads
+    if H % n_kv_heads:
+        raise ValueError(f"n_kv_heads: expected a divisor of n_heads = {H}; got {n_kv_heads}")
+    kv = n_kv_heads * (D // H)
+    matrices = 4 * D * D + 2 * D * F
+    vectors = 4 * D + F + D + 4 * D
+    flops = n_layers * batch * (2 * matrices + 4 * context * D)
+    nbytes = (n_layers * (matrices + vectors) + 2 * n_layers * batch * context * kv) * itemsize
+    return flops, nbytes""",
+        "attention FLOPs shrunk with the KV heads": """def gqa_decode_step_cost(cfg, n_layers, batch, context, n_kv_heads, itemsize=2):
+    D, F, H = cfg.d_model, cfg.d_ff, cfg.n_heads
+    if H % n_kv_heads:
+        raise ValueError(f"n_kv_heads: expected a divisor of n_heads = {H}; got {n_kv_heads}")
+    kv = n_kv_heads * (D // H)
+    matrices = 2 * D * D + 2 * D * kv + 2 * D * F
+    vectors = D + 2 * kv + D + F + D + 4 * D
+    flops = n_layers * batch * (2 * matrices + 4 * context * kv)
+    nbytes = (n_layers * (matrices + vectors) + 2 * n_layers * batch * context * kv) * itemsize
+    return flops, nbytes""",
+        "the k and v biases at full width": """def gqa_decode_step_cost(cfg, n_layers, batch, context, n_kv_heads, itemsize=2):
+    D, F, H = cfg.d_model, cfg.d_ff, cfg.n_heads
+    if H % n_kv_heads:
+        raise ValueError(f"n_kv_heads: expected a divisor of n_heads = {H}; got {n_kv_heads}")
+    kv = n_kv_heads * (D // H)
+    matrices = 2 * D * D + 2 * D * kv + 2 * D * F
+    vectors = 4 * D + F + D + 4 * D
+    flops = n_layers * batch * (2 * matrices + 4 * context * D)
+    nbytes = (n_layers * (matrices + vectors) + 2 * n_layers * batch * context * kv) * itemsize
+    return flops, nbytes""",
+        "no ValueError (n_kv_heads rounded down)": """def gqa_decode_step_cost(cfg, n_layers, batch, context, n_kv_heads, itemsize=2):
+    D, F, H = cfg.d_model, cfg.d_ff, cfg.n_heads
+    kv = n_kv_heads * (D // H)
+    matrices = 2 * D * D + 2 * D * kv + 2 * D * F
+    vectors = D + 2 * kv + D + F + D + 4 * D
+    flops = n_layers * batch * (2 * matrices + 4 * context * D)
+    nbytes = (n_layers * (matrices + vectors) + 2 * n_layers * batch * context * kv) * itemsize
+    return flops, nbytes""",
+        "calls preln": """from preln.inference import decode_cost as _dc
+def gqa_decode_step_cost(cfg, n_layers, batch, context, n_kv_heads, itemsize=2):
+    r = _dc(cfg, n_layers, batch, context, itemsize, n_kv_heads=n_kv_heads)
+    return r.flops, r.nbytes""",
+    },
+    "q8": {
+        "freed blocks pushed in order (the last block handed out first)": """def block_tables(events, n_blocks, block_size):
+    free = list(range(n_blocks - 1, -1, -1))
+    tables, lengths, refused = {}, {}, []
+    for i, (op, seq, n) in enumerate(events):
+        if op == "free":
+            free.extend(tables.pop(seq))
+            del lengths[seq]
+            continue
+        table = tables.setdefault(seq, [])
+        lengths.setdefault(seq, 0)
+        need = -(-(lengths[seq] + n) // block_size) - len(table)
+        if need > len(free):
+            refused.append(i)
+            continue
+        for _ in range(need):
+            table.append(free.pop())
+        lengths[seq] += n
+    return tables, refused""",
+        "the free blocks as a queue (freed blocks handed out last)": """def block_tables(events, n_blocks, block_size):
+    free = list(range(n_blocks))
+    tables, lengths, refused = {}, {}, []
+    for i, (op, seq, n) in enumerate(events):
+        if op == "free":
+            free.extend(tables.pop(seq))
+            del lengths[seq]
+            continue
+        table = tables.setdefault(seq, [])
+        lengths.setdefault(seq, 0)
+        need = -(-(lengths[seq] + n) // block_size) - len(table)
+        if need > len(free):
+            refused.append(i)
+            continue
+        for _ in range(need):
+            table.append(free.pop(0))
+        lengths[seq] += n
+    return tables, refused""",
+        "a partly filled last block not reused": """def block_tables(events, n_blocks, block_size):
+    free = list(range(n_blocks - 1, -1, -1))
+    tables, refused = {}, []
+    for i, (op, seq, n) in enumerate(events):
+        if op == "free":
+            free.extend(reversed(tables.pop(seq)))
+            continue
+        table = tables.setdefault(seq, [])
+        need = -(-n // block_size)
+        if need > len(free):
+            refused.append(i)
+            continue
+        for _ in range(need):
+            table.append(free.pop())
+    return tables, refused""",
+        "what fits is allocated on a refusal (not all or none)": """def block_tables(events, n_blocks, block_size):
+    free = list(range(n_blocks - 1, -1, -1))
+    tables, lengths, refused = {}, {}, []
+    for i, (op, seq, n) in enumerate(events):
+        if op == "free":
+            free.extend(reversed(tables.pop(seq)))
+            del lengths[seq]
+            continue
+        table = tables.setdefault(seq, [])
+        lengths.setdefault(seq, 0)
+        need = -(-(lengths[seq] + n) // block_size) - len(table)
+        if need > len(free):
+            refused.append(i)
+            table.extend(free.pop() for _ in range(len(free)))
+            continue
+        for _ in range(need):
+            table.append(free.pop())
+        lengths[seq] += n
+    return tables, refused""",
+        "the length grows on a refusal": """def block_tables(events, n_blocks, block_size):
+    free = list(range(n_blocks - 1, -1, -1))
+    tables, lengths, refused = {}, {}, []
+    for i, (op, seq, n) in enumerate(events):
+        if op == "free":
+            free.extend(reversed(tables.pop(seq)))
+            del lengths[seq]
+            continue
+        table = tables.setdefault(seq, [])
+        lengths.setdefault(seq, 0)
+        need = -(-(lengths[seq] + n) // block_size) - len(table)
+        lengths[seq] += n
+        if need > len(free):
+            refused.append(i)
+            continue
+        for _ in range(need):
+            table.append(free.pop())
+    return tables, refused""",
+        "a sequence refused at once left out of the tables": """def block_tables(events, n_blocks, block_size):
+    free = list(range(n_blocks - 1, -1, -1))
+    tables, lengths, refused = {}, {}, []
+    for i, (op, seq, n) in enumerate(events):
+        if op == "free":
+            free.extend(reversed(tables.pop(seq)))
+            del lengths[seq]
+            continue
+        need = -(-(lengths.get(seq, 0) + n) // block_size) - len(tables.get(seq, []))
+        if need > len(free):
+            refused.append(i)
+            continue
+        table = tables.setdefault(seq, [])
+        lengths.setdefault(seq, 0)
+        for _ in range(need):
+            table.append(free.pop())
+        lengths[seq] += n
+    return tables, refused""",
+        "a returning sequence keeps its old length": """def block_tables(events, n_blocks, block_size):
+    free = list(range(n_blocks - 1, -1, -1))
+    tables, lengths, refused = {}, {}, []
+    for i, (op, seq, n) in enumerate(events):
+        if op == "free":
+            free.extend(reversed(tables.pop(seq)))
+            continue
+        table = tables.setdefault(seq, [])
+        lengths.setdefault(seq, 0)
+        need = -(-(lengths[seq] + n) // block_size) - len(table)
+        if need > len(free):
+            refused.append(i)
+            continue
+        for _ in range(need):
+            table.append(free.pop())
+        lengths[seq] += n
+    return tables, refused""",
+        "calls preln": """from preln.paged import PagedKVCache as _Cache
+def block_tables(events, n_blocks, block_size):
+    cache, refused = _Cache(1, n_blocks, block_size, 1, 1), []
+    for i, (op, seq, n) in enumerate(events):
+        if op == "free":
+            cache.remove(seq)
+            continue
+        if seq not in cache.tables:
+            cache.add(seq)
+        try:
+            cache.reserve(seq, n)
+        except MemoryError:
+            refused.append(i)
+            continue
+        cache.commit(seq, n)
+    return {s: list(t) for s, t in cache.tables.items()}, refused""",
+    },
+}
+#: correct inference answers in other styles than the solutions: each keeps its question
+INFERENCE_RIGHT = {
+    "q7": {"question 2's count plus the difference of the K and V terms": """def gqa_decode_step_cost(cfg, n_layers, batch, context, n_kv_heads, itemsize=2):
+    D, H = cfg.d_model, cfg.n_heads
+    if n_kv_heads <= 0 or H % n_kv_heads != 0:
+        raise ValueError(f"n_kv_heads = {n_kv_heads} does not divide n_heads = {H}")
+    flops, nbytes = decode_step_cost(cfg, n_layers, batch, context, itemsize)
+    cut = D - n_kv_heads * (D // H)                      # what each of K and V loses per row
+    flops -= n_layers * batch * 2 * (2 * D * cut)
+    nbytes -= n_layers * (2 * D * cut + 2 * cut) * itemsize + 2 * n_layers * batch * context * cut * itemsize
+    return flops, nbytes"""},
+    "q8": {"a deque of free blocks, lengths kept only for sequences that got a block": """from collections import deque
+def block_tables(events, n_blocks, block_size):
+    free = deque(range(n_blocks))                        # left end: the next block handed out
+    tables, used, refused = {}, {}, []
+    for i, (op, seq, n) in enumerate(events):
+        if op == "free":
+            free.extendleft(reversed(tables.pop(seq)))
+            used.pop(seq, None)                          # its first grow may have been refused
+            continue
+        tables.setdefault(seq, [])
+        have = used.get(seq, 0)
+        more = (have + n + block_size - 1) // block_size - len(tables[seq])
+        if more > len(free):
+            refused.append(i)
+            continue
+        tables[seq] += [free.popleft() for _ in range(more)]
+        used[seq] = have + n
+    return tables, refused"""},
+}
+
+
 def _plan(name):
     import checks
     return checks.plan_for(nbtools.source_path(name))
@@ -477,13 +872,16 @@ def _plan(name):
                          + [("int8", q, w, False) for q, ws in INT8_WRONG.items() for w in ws]
                          + [("int8", q, w, True) for q, ws in INT8_RIGHT.items() for w in ws]
                          + [("modern_block", q, w, False) for q, ws in MODERN_WRONG.items() for w in ws]
-                         + [("modern_block", q, w, True) for q, ws in MODERN_RIGHT.items() for w in ws])
+                         + [("modern_block", q, w, True) for q, ws in MODERN_RIGHT.items() for w in ws]
+                         + [("inference", q, w, False) for q, ws in INFERENCE_WRONG.items() for w in ws]
+                         + [("inference", q, w, True) for q, ws in INFERENCE_RIGHT.items() for w in ws])
 def test_plausible_answers(name, key, label, right):
     plan = _plan(name)
     q = next(q for q in nbtools.questions(plan.nb) if q.key == key)
     assert mutate.run_question(plan, key, {}, MUTANT_TIMEOUT_S) is None          # the solution passes
     table = {("derivation_ops", False): WRONG_ANSWERS, ("int8", False): INT8_WRONG, ("int8", True): INT8_RIGHT,
-             ("modern_block", False): MODERN_WRONG, ("modern_block", True): MODERN_RIGHT}[name, right]
+             ("modern_block", False): MODERN_WRONG, ("modern_block", True): MODERN_RIGHT,
+             ("inference", False): INFERENCE_WRONG, ("inference", True): INFERENCE_RIGHT}[name, right]
     reason = mutate.run_question(plan, key, {q.answers[0]: table[key][label]}, MUTANT_TIMEOUT_S)
     if right:
         assert reason is None, f"{name} {key}: the correct answer '{label}' fails: {reason}"
