@@ -4,7 +4,11 @@
 #   make test-unit       the package's pytest suite, plus the book-structure and viz tests
 #   make test-notebooks  re-execute every notebook in book/ and compare with its stored outputs,
 #                        under four OpenBLAS kernels (NB_KERNELS=default for a single quick run)
-#   make test-site       build the site, then drive every page with headless Chromium
+#   make test-site       build the site and its PDF, then drive every page with headless Chromium
+#                        (axe-core in light and dark mode, 320 px reflow, explorables, the PDF)
+#   make pdf             the whole book as one PDF (headless Chromium): _build/pdf/preln-book.pdf,
+#                        also published in the site (the Course page links it)
+#   make page-weight     the table of each page's HTML and first-load bytes
 #   make test-course     the course edition: assignments run, release up to date, fixtures grade right
 #   make assignments     student notebooks assignments/release/ from assignments/source/ (nbgrader)
 #   make grade SUBMISSIONS=<dir> [ROSTER=<csv>]   autograde into _build/grades/<assignment>.csv
@@ -30,7 +34,7 @@ BUILD  := $(BIN)/jupyter-book build --all -W -n --keep-going .
 ONE_THREAD := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 .PHONY: install book test test-unit test-notebooks test-site lab notebooks bench vendor clean \
-        install-course assignments grade mutation test-course
+        install-course assignments grade mutation test-course pdf page-weight
 
 $(STAMP): requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 is needed, found " + sys.version'
@@ -101,9 +105,16 @@ mutation: install
 test-course: $(COURSE_STAMP)
 	$(ONE_THREAD) $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_course.py tests/test_course_*.py
 
-test-site: book
+test-site: pdf
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m browser tests/browser
 	@echo "Screenshots of every page: $(CURDIR)/_build/screenshots/"
+
+# One PDF of the book, printed by the Debian chromium through Playwright (never a downloaded browser)
+pdf: book
+	$(BIN)/python scripts/make_pdf.py
+
+page-weight: book
+	$(BIN)/python scripts/page_weight.py
 
 lab: install
 	PYTHONPATH=$(CURDIR) $(BIN)/jupyter lab --notebook-dir=book $(if $(filter 0,$(shell id -u)),--allow-root)
