@@ -10,7 +10,7 @@ from .config import BlockConfig
 from .precision import NAIVE, SAFE, Overflow, Policy, SUPPORTED_DTYPES, Watch
 from .stack import StackKVCache, TransformerStack
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = ["BlockConfig", "TransformerBlock", "PreLNTransformerBlock", "Policy", "SAFE", "NAIVE",
            "Overflow", "Watch", "TransformerStack", "KVCache", "StackKVCache", "SUPPORTED_DTYPES",
            "default_heads", "param_shapes"]

@@ -17,7 +17,7 @@ embeddings are learned for positions 0 .. max_len - 1 only, so a prompt plus its
 hold at most max_len tokens: past that there is no embedding to add, and generate and decode say so.
 
 The corpus is synthetic: sentences from a small probabilistic grammar (:func:`grammar_corpus`),
-so it is ours to publish and needs no download (see data/README.md).
+so it is ours to publish and needs no download (see preln/data/README.md).
 """
 from typing import NamedTuple
 

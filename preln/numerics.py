@@ -12,7 +12,7 @@ residual stream's growth with depth, error against float64, and loss scaling.
   PyTorch's initialisation) and through Xiong et al.'s theory stack (:func:`theory_stream`, Xavier
   initialisation): the depth at which a float16 LayerNorm overflows depends on which.
 - The grid of where inf/NaN appear (:func:`overflow_grid`, cached), stored in
-  data/precision/overflow_grids.json (:func:`write_overflow_grids`, :func:`stored_overflow_grid`)
+  preln/data/precision/overflow_grids.json (:func:`write_overflow_grids`, :func:`stored_overflow_grid`)
   so that the chapter's interactive figure only draws.
 - Error against float64 per dtype and policy (:func:`precision_error`).
 - Loss scaling for float16 gradients (Micikevicius et al. 2018, arXiv 1710.03740): how many
@@ -35,6 +35,7 @@ from .block import TransformerBlock, default_heads
 from .config import BlockConfig
 from .ops import layer_norm_forward
 from .precision import BFLOAT16, FLOAT8_E4M3, NAIVE, Watch, resolve_policy
+from .resources import data_path
 
 __all__ = [
     "FORMATS", "DTYPES", "format_limits", "format_rows", "overflow_bound", "exp_threshold",
@@ -366,7 +367,7 @@ def precompute_overflow_grids():
 #: the overflow map's grids, stored so that a frame of the figure is a lookup plus a plot (a grid
 #: runs GRID_DEPTH blocks in numpy's float16 loops: 100-300 ms, more than a frame may take);
 #: the precision chapter and tests/test_numerics.py recompute them and compare
-OVERFLOW_GRIDS_PATH = Path(__file__).resolve().parent.parent / "data" / "precision" / "overflow_grids.json"
+OVERFLOW_GRIDS_PATH = data_path("precision", "overflow_grids.json")
 
 
 def _grid_key(dtype, policy, d):

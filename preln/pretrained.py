@@ -7,7 +7,7 @@
 
 The model is a :class:`preln.lm.TinyLM` (2 layers, D = 32, H = 2, F = 128, exact GELU, untied
 head, Xavier initialisation as in Xiong et al. 2020, arXiv 2002.04745) trained on the first 90 %
-of ``data/corpus.txt`` (the synthetic grammar corpus, see data/README.md) for :data:`RECIPE`'s
+of ``preln/data/corpus.txt`` (the synthetic grammar corpus, see preln/data/README.md) for :data:`RECIPE`'s
 ``steps`` Adam steps (Kingma & Ba 2015, arXiv 1412.6980; betas 0.9, 0.98) with a linear warm-up
 and global-norm clipping. ``val_ids`` are the last 10 % of the corpus, never trained on.
 

@@ -31,6 +31,7 @@ from .config import BlockConfig
 from .lm import CharVocab, LMConfig, TinyLM, batches, cross_entropy_backward, cross_entropy_forward
 from .ops import layer_norm_backward
 from .optim import Adam, clip_grad_norm, warmup_lr
+from .resources import data_path
 from .stack import TransformerStack
 
 __all__ = ["theory_stack", "residual_norms", "lemma2_bounds", "last_layer_grad_norm",
@@ -39,7 +40,7 @@ __all__ = ["theory_stack", "residual_norms", "lemma2_bounds", "last_layer_grad_n
            "load_corpus",
            "PAPER_FIG3A", "DATA_DIR"]
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+DATA_DIR = data_path()   # preln/data/, shipped with the package
 
 # Xiong et al. (2020), Figure 3(a): ||expected gradient of W^1|| per encoder layer at
 # initialisation on IWSLT14 De-En (6-6 encoder-decoder, d = 512). Read off the figure: approximate.
@@ -158,7 +159,7 @@ def fit_exponent(depths, values):
 
 # ---- the language model ----------------------------------------------------------------------
 def load_corpus(path=None):
-    """The chapter's corpus (data/corpus.txt, see data/README.md) -> (text, CharVocab, ids)."""
+    """The chapter's corpus (preln/data/corpus.txt, see preln/data/README.md) -> (text, CharVocab, ids)."""
     path = Path(path) if path else DATA_DIR / "corpus.txt"
     text = path.read_text(encoding="utf-8")
     vocab = CharVocab(text)

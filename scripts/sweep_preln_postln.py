@@ -1,17 +1,17 @@
-"""The long computations of the Pre-LN vs Post-LN chapter; results go to data/preln_vs_postln/.
+"""The long computations of the Pre-LN vs Post-LN chapter; results go to preln/data/preln_vs_postln/.
 
     nice .venv/bin/python scripts/sweep_preln_postln.py            # everything (~10-20 min on 2 cores)
     nice .venv/bin/python scripts/sweep_preln_postln.py --only theory
     nice .venv/bin/python scripts/sweep_preln_postln.py --only train --workers 2
 
-Writes
-    data/corpus.txt                       the synthetic corpus (if missing), see data/README.md
-    data/preln_vs_postln/runs.json        tiny-LM training runs: Pre-LN vs Post-LN, with and without
-                                          warm-up, over learning rates, depths and seeds
-    data/preln_vs_postln/extras.json      the exercises' runs: short warm-ups and clipping for Post-LN
-    data/preln_vs_postln/theory.json      Xiong et al.'s theory setting: Lemma 2 residual norms,
-                                          Theorem 1 last-layer gradient norms per depth and seed,
-                                          per-layer gradient norms over depth and width
+Writes (package data, preln/data/, see preln/data/README.md)
+    corpus.txt                      the synthetic corpus (if missing)
+    preln_vs_postln/runs.json       tiny-LM training runs: Pre-LN vs Post-LN, with and without
+                                    warm-up, over learning rates, depths and seeds
+    preln_vs_postln/extras.json     the exercises' runs: short warm-ups and clipping for Post-LN
+    preln_vs_postln/theory.json     Xiong et al.'s theory setting: Lemma 2 residual norms,
+                                    Theorem 1 last-layer gradient norms per depth and seed,
+                                    per-layer gradient norms over depth and width
 
 Each file records the command, the grid and the package version that produced it. Every run is
 deterministic given its seed, so the notebook re-runs a slice and asserts it agrees.
@@ -37,7 +37,9 @@ import preln  # noqa: E402
 from preln import xiong  # noqa: E402
 from preln.lm import grammar_corpus  # noqa: E402
 
-OUT = ROOT / "data" / "preln_vs_postln"
+from preln.resources import data_path  # noqa: E402
+
+OUT = data_path("preln_vs_postln")
 
 # ---- the grids -------------------------------------------------------------------------------
 TRAIN_GRID = {
@@ -148,7 +150,7 @@ def main():
     ap.add_argument("--workers", type=int, default=2, help="processes for the training runs")
     args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
-    corpus = ROOT / "data" / "corpus.txt"
+    corpus = data_path("corpus.txt")
     if not corpus.exists():
         corpus.write_text(grammar_corpus(200_000, seed=0), encoding="utf-8")
     if args.only in (None, "theory"):

@@ -251,7 +251,7 @@ def test_theory_stream_grows_faster_than_pytorch_init():
 
 
 def test_stored_overflow_grids_are_the_computed_ones():
-    """The overflow map draws data/precision/overflow_grids.json: it must equal a fresh run."""
+    """The overflow map draws preln/data/precision/overflow_grids.json: it must equal a fresh run."""
     for (dtype, policy, d), grid in numerics.precompute_overflow_grids().items():
         stored = numerics.stored_overflow_grid(dtype, policy, d)
         assert stored.shape == (numerics.GRID_DEPTH, len(numerics.GRID_SCALES))

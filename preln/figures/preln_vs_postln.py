@@ -1,7 +1,7 @@
 """Figures of the Pre-LN vs Post-LN chapter (book/preln_vs_postln.ipynb).
 
 Plain figures take the numbers they plot as arguments; the explorables in ``EXPLORABLES`` take only
-their control values and read the stored sweep (data/preln_vs_postln/, written by
+their control values and read the stored sweep (preln/data/preln_vs_postln/, written by
 scripts/sweep_preln_postln.py), so each frame is a lookup plus a plot.
 """
 import functools
