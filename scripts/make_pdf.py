@@ -8,8 +8,8 @@ open, code and tables wrapped). Before a page is printed, MathJax has typeset it
 the lazily loaded explorable frames included, has loaded. Chromium tags each PDF and writes its
 outline from the headings; the chapters are then joined with pypdf, which keeps those outlines
 (one bookmark per chapter, its sections under it), and numbered 1..N across the book by a second
-Chromium print (a page of footers laid over each page). The result goes to _build/pdf/ and into
-the site (_build/html/), where the Course page links it.
+Chromium print (a page of footers laid over each page; about 7 MB for the whole book). The result
+goes to _build/pdf/ and into the site (_build/html/), where the Course page links it.
 
     python scripts/make_pdf.py [--out _build/pdf/preln-book.pdf]
 """
@@ -99,7 +99,8 @@ def make_pdf(out: Path = OUT, names: list[str] | None = None, verbose: bool = Tr
                 chapters.append((name, title, pdf))
                 if verbose:
                     n = len(PdfReader(io.BytesIO(pdf)).pages)
-                    print(f"make pdf: {name}: {title!r}, {n} pages, {time.perf_counter() - t0:.1f} s", flush=True)
+                    print(f"make pdf: {name}: {title!r}, {n} pages, {len(pdf) / 1e6:.1f} MB, "
+                          f"{time.perf_counter() - t0:.1f} s", flush=True)
             writer = PdfWriter()
             for name, title, pdf in chapters:
                 reader = PdfReader(io.BytesIO(pdf))
@@ -108,6 +109,7 @@ def make_pdf(out: Path = OUT, names: list[str] | None = None, verbose: bool = Tr
             numbers = PdfReader(io.BytesIO(_numbers(browser, len(writer.pages))))
             for page_, number in zip(writer.pages, numbers.pages):
                 page_.merge_page(number)
+                page_.compress_content_streams()    # merge_page leaves the joined stream unzipped
             browser.close()
     finally:
         server.shutdown()
@@ -115,6 +117,7 @@ def make_pdf(out: Path = OUT, names: list[str] | None = None, verbose: bool = Tr
     writer.add_metadata({"/Title": "The Pre-LN Transformer block", "/Author": "The preln authors",
                          "/Subject": "The preln book, every chapter in one PDF"})
     writer.page_mode = "/UseOutlines"       # a reader opens the PDF with the bookmarks shown
+    writer.compress_identical_objects(remove_duplicates=True, remove_unreferenced=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "wb") as f:
         writer.write(f)

@@ -74,13 +74,19 @@ def main():
     misses = 0
     for r in rows:
         f = r["first"]
-        ok = r["html"] <= sitebrowser.HTML_LIMIT and f["total"] <= sitebrowser.FIRST_LOAD_LIMIT
-        verdict = ("PASS" if ok else "MISS") if r["page"] in chapters else "-"
-        misses += verdict == "MISS"
+        html_ok, first_ok = r["html"] <= sitebrowser.HTML_LIMIT, f["total"] <= sitebrowser.FIRST_LOAD_LIMIT
+        if r["page"] in sitebrowser.REFERENCE_PAGES:        # held to the first-load target only
+            verdict = ("PASS" if first_ok else "MISS") + ("" if html_ok else " (first load; reference page)")
+        elif r["page"] in chapters:
+            verdict = "PASS" if html_ok and first_ok else "MISS"
+        else:
+            verdict = "-"
+        misses += verdict.startswith("MISS")
         print(f"| {r['page']} | {kb(r['html'])} | {kb(f['total'])} | {kb(f['scripts'])} | {kb(f['styles'])} | "
               f"{kb(f['fonts'])} | {kb(f['images'] + f['frames'])} | {kb(r['frames_total'])} | {verdict} |")
     print(f"\nTargets per chapter: HTML <= {kb(sitebrowser.HTML_LIMIT)}, first load <= "
-          f"{kb(sitebrowser.FIRST_LOAD_LIMIT)}; {misses} miss.")
+          f"{kb(sitebrowser.FIRST_LOAD_LIMIT)} ({', '.join(sorted(sitebrowser.REFERENCE_PAGES))}: first load "
+          f"only, see scripts/sitebrowser.py); {misses} miss.")
     return 1 if misses else 0
 
 

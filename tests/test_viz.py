@@ -246,3 +246,46 @@ def test_live_in_ipython_returns_an_interactive():
     finally:
         plt.close("all")
         del ip
+
+
+def _site_extension():
+    """book/_ext/preln_site.py, the Sphinx extension that publishes the explorables."""
+    import importlib
+    import sys
+    from pathlib import Path
+
+    ext = Path(__file__).resolve().parents[1] / "book" / "_ext"
+    if str(ext) not in sys.path:
+        sys.path.insert(0, str(ext))
+    return importlib.import_module("preln_site")
+
+
+def test_the_site_build_moves_frames_into_content_named_files(tmp_path):
+    import hashlib
+
+    site = _site_extension()
+    ex = explorable(side_plot, {"scale": control("slope of the curve", [0.5, 1.0, 2.0]),
+                                "side": control("where the curve is centred", ["left", "centre"])},
+                    alt=lambda scale, side: f"slope {scale:g}, {side}")
+    html = ex.to_html()
+    out = site.extract_frames(html, tmp_path / "a", lambda path: "../" + path)
+    assert "data:image" not in out, "the page's HTML keeps no image data"
+    files = sorted((tmp_path / "a" / site.FRAMES_DIR).iterdir())
+    assert {f.read_bytes() for f in files} == set(ex.frames.values())
+    assert all(f.name == hashlib.sha256(f.read_bytes()).hexdigest()[:24] + ".png" for f in files)
+    data = _data(out)
+    assert len(data["frames"]) == len(ex.frames)
+    assert all(f[0].startswith(f"../{site.FRAMES_DIR}/") and f[0].endswith(".png") for f in data["frames"].values())
+    img = re.findall(r"<img [^>]*>", out)
+    assert len(img) == 1 and 'loading="lazy"' in img[0] and f'src="../{site.FRAMES_DIR}/' in img[0]
+    # reproducible: the same notebook output gives the same page and the same files
+    again = site.extract_frames(html, tmp_path / "b", lambda path: "../" + path)
+    assert again == out
+    assert [f.read_bytes() for f in sorted((tmp_path / "b" / site.FRAMES_DIR).iterdir())] == [f.read_bytes() for f in files]
+
+
+def test_the_site_build_fixes_the_bibliography_role():
+    site = _site_extension()
+    html = '<div role="list" class="citation-list"><div class="citation" id="id1" role="doc-biblioentry">x</div></div>'
+    fixed = site.fix_markup(html)
+    assert "doc-biblioentry" not in fixed and 'class="citation" id="id1" role="listitem"' in fixed

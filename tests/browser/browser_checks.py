@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import sys
 from pathlib import Path
 
@@ -41,14 +42,19 @@ def axe_version(page) -> str:
     return page.evaluate("() => window.axe ? axe.version : null")
 
 
-def axe_violations(page, contrast: bool = True) -> list[str]:
+A11Y_RECORD = ROOT / "_build" / "a11y"     # one JSON per page state: what axe found and passed
+
+
+def axe_violations(page, contrast: bool = True, record: str | None = None) -> list[str]:
     """Run axe-core on the whole page with the WCAG 2.1 A/AA rules; one line per violation.
 
     axe files a text whose colours it could measure but which is exactly invisible (1:1, e.g.
     pink on pink) under "incomplete", not under "violations": those are counted too.
     ``contrast=False`` leaves out color-contrast, the slow rule (for a second run at another
-    width: colours do not depend on it)."""
+    width: colours do not depend on it). ``record`` names a JSON file in _build/a11y/ that keeps
+    the rules that passed, failed and could not decide (for the audit report)."""
     options = {"runOnly": {"type": "tag", "values": WCAG_TAGS}, "resultTypes": ["violations", "incomplete"]}
+    # (resultTypes: passes and inapplicable come back with one node each; enough to list the rules)
     if not contrast:
         options["rules"] = {"color-contrast": {"enabled": False}}
     results = _axe().run(page, options=options)
@@ -68,6 +74,13 @@ def axe_violations(page, contrast: bool = True) -> list[str]:
                         and float(ratio) < float(str(want).split(":")[0]):
                     found.append(f"color-contrast (axe: incomplete, measured) {' '.join(map(str, n['target']))}: "
                                  f"{data['fgColor']} on {data['bgColor']} = {ratio}:1 < {want}")
+    if record:
+        r = results.response
+        A11Y_RECORD.mkdir(parents=True, exist_ok=True)
+        (A11Y_RECORD / f"{record}.json").write_text(json.dumps({
+            "url": r.get("url"), "axe": r.get("testEngine", {}).get("version"), "tags": WCAG_TAGS,
+            "violations": found, "passed": sorted(v["id"] for v in r.get("passes", [])),
+            "incomplete": sorted(v["id"] for v in r.get("incomplete", []))}, indent=1))
     return found
 
 
