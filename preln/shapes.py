@@ -83,9 +83,10 @@ Attention paths
     (B, H, Q_TILE, K_TILE) tiles and keeps only q, k, v: its row ``attn.tiled`` stands for scores,
     softmax and weighted sum together.
 
-The module also holds the two measurements the shape-flow chapter makes: :func:`time_forward`
-(best CPU time of interleaved runs) and :func:`peak_forward_bytes` (tracemalloc peak), and :func:`fit_exponent`,
-the log-log least-squares fit of ``y = c x^k``.
+The module also holds the measurements the chapters make: :func:`time_interleaved` (the best CPU
+time of interleaved repeats of any callables, the way to compare two timings on a busy machine),
+:func:`time_forward` and :func:`time_backward` (the same for blocks), :func:`peak_forward_bytes`
+(tracemalloc peak), and :func:`fit_exponent`, the log-log least-squares fit of ``y = c x^k``.
 """
 from __future__ import annotations
 
@@ -103,7 +104,7 @@ from .precision import compute_dtype, elementwise_dtype, resolve_dtype, resolve_
 
 __all__ = ["OpRow", "ShapeFlow", "shape_flow", "observed_shapes", "closed_form_flops",
            "closed_form_backward_flops", "kept_bytes_per_token", "time_backward",
-           "fit_exponent", "PowerLaw", "time_forward", "Timing", "blas_threads",
+           "fit_exponent", "PowerLaw", "time_forward", "time_interleaved", "Timing", "blas_threads",
            "peak_forward_bytes", "ACTIVATION_FLOPS", "format_bytes", "format_count"]
 
 #: elementwise FLOPs per element of each activation (the conventions above)
@@ -469,9 +470,48 @@ def _block_and_input(config, B, S, dtype, training, attention, seed, fused=True)
 
 
 class Timing(NamedTuple):
-    best: np.ndarray      # (len(cases),) the fastest run of each case, seconds
-    median: np.ndarray    # (len(cases),)
-    samples: np.ndarray   # (repeats, len(cases)), in the order they ran
+    """Seconds. For several cases (time_forward, time_backward): best and median (len(cases),),
+    samples (repeats, len(cases)); for one callable of time_interleaved: floats and (repeats,)."""
+
+    best: np.ndarray      # the fastest run of each case
+    median: np.ndarray
+    samples: np.ndarray   # in the order they ran
+
+
+def time_interleaved(fns, repeats=5, warmup=1, threads=1, clock=time.process_time):
+    """Time every callable of ``fns`` (a dict ``name -> fn()``); returns ``{name: Timing}``.
+
+    The way to compare timings on a busy machine, where a single-shot comparison flips:
+
+    - interleaved: each of the ``repeats`` rounds calls every function once, in turn, so a slow
+      spell (another program on the core, a frequency drop) slows both sides of a comparison;
+    - the clock is the process's CPU time (``time.process_time``), which does not count the time
+      other programs hold the core; pass ``clock=time.perf_counter`` for wall time;
+    - BLAS runs ``threads`` threads (:func:`blas_threads`): a multi-threaded BLAS on a busy machine
+      spends its time waiting for the core another program holds;
+    - ``warmup`` untimed calls of each function first (page faults, caches, lazy imports);
+    - the best of the repeats is the estimate (interference only ever adds time); the median and
+      every sample (in the order they ran) are there too.
+
+    A chapter that asserts a ratio of two such timings states the margin it allows.
+    """
+    if not isinstance(fns, dict) or not fns or not all(callable(f) for f in fns.values()):
+        raise TypeError(f"fns: expected a non-empty dict of name -> callable; got {fns!r}")
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats, warmup: expected repeats >= 1 and warmup >= 0; "
+                         f"got {repeats} and {warmup}")
+    samples = np.zeros((repeats, len(fns)))
+    with blas_threads(threads):
+        for fn in fns.values():
+            for _ in range(warmup):
+                fn()
+        for r in range(repeats):
+            for i, fn in enumerate(fns.values()):
+                t0 = clock()
+                fn()
+                samples[r, i] = clock() - t0
+    return {name: Timing(float(samples[:, i].min()), float(np.median(samples[:, i])), samples[:, i])
+            for i, name in enumerate(fns)}
 
 
 def time_forward(cases, dtype=np.float32, training=True, attention="auto", repeats=5, warmup=1,
@@ -486,18 +526,13 @@ def time_forward(cases, dtype=np.float32, training=True, attention="auto", repea
       other programs hold the core; pass ``clock=time.perf_counter`` for wall time;
     - BLAS runs ``threads`` threads (:func:`blas_threads`);
     - the best of ``repeats`` runs is the estimate: interference only ever adds time.
+
+    (:func:`time_interleaved` over the cases' forwards.)
     """
     pairs = [_block_and_input(cfg, B, S, dtype, training, attention, seed) for cfg, B, S in cases]
-    samples = np.zeros((repeats, len(pairs)))
-    with blas_threads(threads):
-        for block, x in pairs:
-            for _ in range(warmup):
-                block(x)
-        for r in range(repeats):
-            for i, (block, x) in enumerate(pairs):
-                t0 = clock()
-                block(x)
-                samples[r, i] = clock() - t0
+    timed = time_interleaved({i: (lambda b=block, x=x: b(x)) for i, (block, x) in enumerate(pairs)},
+                             repeats, warmup, threads, clock)
+    samples = np.stack([timed[i].samples for i in range(len(pairs))], axis=1)   # (repeats, cases)
     return Timing(samples.min(axis=0), np.median(samples, axis=0), samples)
 
 
@@ -506,9 +541,15 @@ def time_backward(cases, dtype=np.float32, repeats=5, warmup=1, threads=1, clock
     """Time ``block(x)`` and ``block.backward(dy)`` of each training-mode case ``(config, B, S)``;
     returns ``(forward, backward)``, two :class:`Timing`. Interleaved, CPU clock, best of
     ``repeats``, as :func:`time_forward`; each backward follows its own forward (untimed part of
-    the pair is the other pass). ``fused=False`` runs the blocks op by op (no fused kernels).
+    the pair is the other pass). ``fused``: True runs the blocks' fused kernels, False op by op,
+    and a sequence gives one flag per case — so that the two ways are timed interleaved, round
+    by round, when a chapter compares them.
     """
-    pairs = [_block_and_input(cfg, B, S, dtype, True, "auto", seed, fused) for cfg, B, S in cases]
+    flags = [fused] * len(cases) if isinstance(fused, (bool, np.bool_)) else list(fused)
+    if len(flags) != len(cases) or not all(isinstance(f, (bool, np.bool_)) for f in flags):
+        raise ValueError(f"fused: expected a bool or one bool per case ({len(cases)}); got {fused!r}")
+    pairs = [_block_and_input(cfg, B, S, dtype, True, "auto", seed, f)
+             for (cfg, B, S), f in zip(cases, flags)]
     dys = [np.random.default_rng(seed + 1).standard_normal(x.shape).astype(x.dtype) for _, x in pairs]
     fwd = np.zeros((repeats, len(pairs)))
     bwd = np.zeros((repeats, len(pairs)))

@@ -49,7 +49,7 @@ BLUE, VERMILLION, GREEN, ORANGE, SKY, PURPLE, BLACK, YELLOW = PALETTE
 # ---- the Pre-LN forward, split into named intermediates ----------------------------------------
 
 #: The names of the intermediates of :func:`forward_steps`, in forward order.
-FORWARD_STEPS = ("x", "h1", "qkv", "q", "k", "v", "o", "om", "a", "x1", "h2", "u", "g", "m", "y")
+FORWARD_STEPS = ("x", "h1", "qkv", "q", "k", "v", "o", "om", "a", "x1", "h2", "u", "g", "z", "y")
 
 
 def forward_steps(x, params, config, key_padding_mask=None, override=None):
@@ -94,9 +94,9 @@ def forward_steps(x, params, config, key_padding_mask=None, override=None):
     u = keep("u", u)                                                              # (B, S, F)
     g, c["act"] = activation_forward(u, config.activation)
     g = keep("g", g)                                                              # g = GELU(u)
-    m, c["linear2"] = linear_forward(g, p["linear2.weight"], p["linear2.bias"])
-    m = keep("m", m)                                                              # (B, S, D)
-    keep("y", x1 + m)                                                             # residual 2
+    z, c["linear2"] = linear_forward(g, p["linear2.weight"], p["linear2.bias"])
+    z = keep("z", z)                                                              # z = MLP(h2), (B, S, D)
+    keep("y", x1 + z)                                                             # residual 2
     t["caches"] = c
     return t
 
