@@ -137,11 +137,22 @@ def _number(value: Any) -> str:
     return str(int(value)) if isinstance(value, numbers.Integral) else repr(float(value))
 
 
+def _sentences(text: str) -> list[str]:
+    return [t.strip() for t in re.split(r"(?<=[.!?])\s+(?=[A-Z(])", " ".join(text.split())) if t.strip()]
+
+
 def _first_sentence(text: str, limit: int = 200) -> str:
-    """The first sentence of ``text`` (up to ``limit`` characters): a live region says little."""
-    m = re.match(r"(.+?[.!?])(\s|$)", text.strip(), flags=re.S)
-    first = (m.group(1) if m else text.strip()).replace("\n", " ")
-    return first if len(first) <= limit else first[:limit - 1].rstrip() + "…"
+    """The first sentence of ``text`` (up to ``limit`` characters, cut at a word)."""
+    first = (_sentences(text) or [text.strip()])[0]
+    return first if len(first) <= limit else first[:limit - 1].rsplit(" ", 1)[0].rstrip(",;:") + "…"
+
+
+def _gist(alt: str, limit: int = 160) -> str:
+    """What a live region says of a frame by default: the alt text's first sentence that does
+    more than restate the settings (a short "d_h = 64." is skipped), up to ``limit`` characters."""
+    sentences = _sentences(alt) or [alt.strip()]
+    said = next((t for t in sentences if not (len(t) <= 60 and "=" in t)), sentences[0])
+    return _first_sentence(said, limit)
 
 
 class Control(list):
@@ -309,9 +320,9 @@ class Explorable:
 
     def _summary(self, kwargs: Mapping[str, Any], alt: str, summary: Callable[..., str] | None) -> str:
         """The live region's words for a frame: the settings, then ``summary(**values)`` or the
-        first sentence of the alt text (the full description stays on the image)."""
+        gist of the alt text (the full description stays on the image)."""
         if summary is None:
-            return f"{self._settings(kwargs)}: {_first_sentence(alt)}"
+            return f"{self._settings(kwargs)}: {_gist(alt)}"
         text = summary(**kwargs)
         if not isinstance(text, str) or not text.strip():
             raise ValueError(f"explorable: summary(**{dict(kwargs)!r}) returned {text!r}")
@@ -514,7 +525,8 @@ def explorable(plot: Callable[..., Any], controls: Mapping[str, Sequence[Any]], 
         shown (tests/test_viz.py requires a label for every explorable of ``preln.figures``).
     summary : callable, optional
         ``summary(**values) -> str``: a short sentence the live region announces after the reader
-        moves a control (after the settings). By default, the first sentence of the alt text.
+        moves a control (after the settings). By default, the alt text's first sentence that does
+        more than restate the settings, cut to 160 characters.
 
     Returns
     -------
