@@ -7,10 +7,11 @@ assembles them and matches ``torch.nn.TransformerEncoderLayer`` given the same w
 """
 from .block import KVCache, PreLNTransformerBlock, TransformerBlock, default_heads, param_shapes
 from .config import BlockConfig
+from .llama import LlamaBlock, LlamaConfig, LlamaKVCache
 from .precision import NAIVE, SAFE, Overflow, Policy, SUPPORTED_DTYPES, Watch
 from .stack import StackKVCache, TransformerStack
 
 __version__ = "0.2.0"
 __all__ = ["BlockConfig", "TransformerBlock", "PreLNTransformerBlock", "Policy", "SAFE", "NAIVE",
            "Overflow", "Watch", "TransformerStack", "KVCache", "StackKVCache", "SUPPORTED_DTYPES",
-           "default_heads", "param_shapes"]
+           "default_heads", "param_shapes", "LlamaBlock", "LlamaConfig", "LlamaKVCache"]

@@ -29,6 +29,13 @@ Then three more tables (``--no-fused`` / ``--no-decode`` skip them):
 - decoding one token of a causal block with and without the KV cache, in ms per generated token,
   by context length (B = 1) and by batch size (context 256): without the cache every token re-runs
   the block over the whole context.
+
+Then the Llama rows (``--no-llama`` skips them, ``--llama-only`` runs only them): one float32
+:class:`preln.LlamaBlock` (RMSNorm, RoPE, grouped-query attention with ``--kv-heads`` key/value
+heads, SwiGLU of width ``--llama-d-ff``) on the same B, S, D, H -- the training-mode forward, the
+training step and the eval forward, interleaved pair by pair with transformers' ``LlamaDecoderLayer``
+(optional, test-only; sdpa attention, float32, the same weights and threads, RoPE's cos/sin
+computed inside the timed call as the block does) and with the block's own matmuls alone.
 """
 import argparse
 import gc
@@ -56,6 +63,11 @@ TARGETS = (
 DECODE_CONTEXTS = (64, 256, 1024)
 DECODE_BATCHES = (1, 4, 16, 64)
 DECODE_CONTEXT = 256
+#: (name, pass, reference, limit) for the Llama block
+LLAMA_TARGETS = (
+    ("Llama training step <= 1.0x PyTorch (transformers)", "training step", "torch", 1.0),
+    ("Llama forward <= 1.3x its matmuls alone", "forward", "gemm", 1.3),
+)
 WIDGET_TARGET_MS = 100.0
 _THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -79,6 +91,12 @@ def parse_args(argv=None):
                     help="wall time, or this process's CPU time (steadier on a busy machine with --threads 1)")
     ap.add_argument("--no-fused", action="store_true", help="skip the fused-kernel tables")
     ap.add_argument("--no-decode", action="store_true", help="skip the decode table")
+    ap.add_argument("--kv-heads", type=int, default=None,
+                    help="Llama rows: key/value heads (default H / 4, grouped-query attention)")
+    ap.add_argument("--llama-d-ff", type=int, default=None,
+                    help="Llama rows: SwiGLU width (default 8D/3 rounded up to a multiple of 64)")
+    ap.add_argument("--no-llama", action="store_true", help="skip the Llama rows")
+    ap.add_argument("--llama-only", action="store_true", help="only the Llama rows")
     return ap.parse_args(argv)
 
 
@@ -338,6 +356,8 @@ def run_block(args, threads):
         run_fused(args, block, x, dy)
     if not args.no_decode:
         run_decode(args)
+    if not args.no_llama:
+        run_llama(args, threads)
 
 
 # ---- fused kernels ------------------------------------------------------------------------------
@@ -481,6 +501,161 @@ def run_decode(args):
               f"{batch / t_c * 1e3:.0f} | {mib:.1f} |", flush=True)
 
 
+# ---- the Llama block ----------------------------------------------------------------------------
+def llama_config(args):
+    from .llama import LlamaConfig
+    D, H = args.d_model, args.heads
+    n_kv = args.kv_heads or max(1, H // 4)
+    d_ff = args.llama_d_ff or 64 * -(-8 * D // (3 * 64))        # ceil(8D/3) to a multiple of 64
+    return LlamaConfig(d_model=D, n_heads=H, n_kv_heads=n_kv, d_ff=d_ff)
+
+
+def llama_gemm_fns(cfg, B, S, rng):
+    """The forward / backward matmuls of the Llama block alone, on float32 arrays of its shapes
+    (the grouped attention products as the block does them: G query heads stacked per k/v head)."""
+    D, H, Hkv, F, dh = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.d_ff, cfg.d_head
+    G, N = H // Hkv, B * S
+    r = lambda *shape: rng.standard_normal(shape, dtype=np.float32)
+    wq, wk, wv, wo = r(H * dh, D), r(Hkv * dh, D), r(Hkv * dh, D), r(D, H * dh)
+    wg, wu, wd = r(F, D), r(F, D), r(D, F)
+    h, o, g = r(N, D), r(N, H * dh), r(N, F)                    # inputs of the linears
+    q, k, v = r(B, Hkv, G * S, dh), r(B, Hkv, S, dh), r(B, Hkv, S, dh)
+    p = r(B, Hkv, G * S, S)
+    d_q, d_kv, d_a, d_f = r(N, H * dh), r(N, Hkv * dh), r(N, D), r(N, F)   # output gradients
+    d_o, d_s = r(B, Hkv, G * S, dh), r(B, Hkv, G * S, S)
+
+    def forward():
+        h @ wq.T, h @ wk.T, h @ wv.T     # q, k, v
+        q @ k.swapaxes(-1, -2)           # scores (B, H_kv, G S, S)
+        p @ v                            # o
+        o @ wo.T                         # a
+        h @ wg.T, h @ wu.T               # gate, up (N, F)
+        g @ wd.T                         # down (N, D)
+
+    def backward():
+        for dout, x, w in ((d_a, g, wd), (d_f, h, wg), (d_f, h, wu), (d_a, o, wo), (d_q, h, wq),
+                           (d_kv, h, wk), (d_kv, h, wv)):
+            dout @ w                     # dx
+            dout.T @ x                   # dW
+        p.swapaxes(-1, -2) @ d_o         # dV
+        d_o @ v.swapaxes(-1, -2)         # dP
+        d_s @ k                          # dQ
+        d_s.swapaxes(-1, -2) @ q         # dK
+
+    return forward, backward
+
+
+def llama_torch_setup(block, threads):
+    """transformers' LlamaDecoderLayer (sdpa, float32) with the block's weights and its rotary
+    embedding, or (None, None, reason)."""
+    try:
+        import torch
+        from transformers import LlamaConfig as HFConfig
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+    except ImportError:
+        return None, None, ("torch and transformers are not both installed (optional, test-only): "
+                            "no ratios to PyTorch")
+    torch.set_num_threads(threads)
+    cfg = block.config
+    hcfg = HFConfig(hidden_size=cfg.d_model, intermediate_size=cfg.d_ff, num_attention_heads=cfg.n_heads,
+                    num_key_value_heads=cfg.n_kv_heads, num_hidden_layers=1, vocab_size=16,
+                    rms_norm_eps=cfg.eps, rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
+                    attn_implementation="sdpa")
+    layer = LlamaDecoderLayer(hcfg, layer_idx=0).to(torch.float32)
+    layer.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in block.state_dict().items()})
+    import transformers
+    return layer, LlamaRotaryEmbedding(hcfg), (f"transformers {transformers.__version__} LlamaDecoderLayer "
+                                               f"(sdpa), torch {torch.__version__}, "
+                                               f"{torch.get_num_threads()} threads")
+
+
+def run_llama(args, threads):
+    from .llama import LlamaBlock
+    B, S = args.batch, args.seq
+    cfg = llama_config(args)
+    block = LlamaBlock(cfg, dtype=np.float32, seed=0)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((B, S, cfg.d_model), dtype=np.float32)
+    dy = rng.standard_normal((B, S, cfg.d_model), dtype=np.float32)
+    layer, rot, note = ((None, None, "skipped (--no-torch)") if args.no_torch
+                        else llama_torch_setup(block, threads))
+    print(f"\n## The Llama block: float32, B={B} S={S} D={cfg.d_model} H={cfg.n_heads} "
+          f"H_kv={cfg.n_kv_heads} F={cfg.d_ff} (SwiGLU), RMSNorm, RoPE, causal\n")
+    print(f"- threads: {threads}; PyTorch: {note}")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    print(f"- load average {load:.1f} on {machine_threads()} CPUs before the run; median of "
+          f"{args.repeats} runs after {args.warmup} warm-up runs, interleaved pair by pair\n")
+
+    def np_fwd():
+        block.train()
+        block(x)
+
+    def np_step():
+        block.train()
+        block(x)
+        block.backward(dy)
+
+    def np_eval():
+        block.eval()
+        block(x)
+
+    t_fwd = t_step = t_eval = None
+    if layer is not None:
+        import torch
+        xt, dyt = torch.from_numpy(x), torch.from_numpy(dy)
+        pos = torch.arange(S)[None]
+
+        def t_fwd():
+            layer.train()
+            xx = xt.requires_grad_(True)
+            layer(xx, position_embeddings=rot(xx, pos))
+
+        def t_step():
+            layer.train()
+            xx = xt.requires_grad_(True)
+            layer(xx, position_embeddings=rot(xx, pos)).backward(dyt)
+
+        def t_eval():
+            layer.eval()
+            with torch.inference_mode():
+                xx = xt.detach()
+                layer(xx, position_embeddings=rot(xx, pos))
+
+    gemm_fwd, gemm_bwd = llama_gemm_fns(cfg, B, S, rng)
+
+    def gemm_step():
+        gemm_fwd()
+        gemm_bwd()
+
+    ref = lambda fn: (fn, None) if layer is not None else None
+    passes = {"forward": (np_fwd, ref(t_fwd), gemm_fwd), "training step": (np_step, ref(t_step), gemm_step),
+              "eval forward": (np_eval, ref(t_eval), gemm_fwd)}
+    print("| Llama pass | numpy ms | PyTorch ms | numpy / PyTorch | its matmuls ms | numpy / matmuls |")
+    print("|---|---:|---:|---:|---:|---:|")
+    ratios = {}
+    for name, (fn, t_ref, g_ref) in passes.items():
+        t_n, t_refs, r = time_pairs(fn, {"torch": t_ref, "gemm": (g_ref, None)},
+                                    repeats=args.repeats, warmup=args.warmup)
+        ratios[(name, "torch")], ratios[(name, "gemm")] = r.get("torch"), r["gemm"]
+        torch_cols = f"{t_refs['torch'] * 1e3:.1f} | {r['torch']:.2f}x" if "torch" in r else "- | -"
+        label = name + (" (tiled attention)" if name == "eval forward" else "")
+        print(f"| {label} | {t_n * 1e3:.1f} | {torch_cols} | {t_refs['gemm'] * 1e3:.1f} | "
+              f"{r['gemm']:.2f}x |", flush=True)
+    block.train()
+    block(x)
+    kv = block.kv_cache(B, S).nbytes
+    print(f"\n- cache for the backward (`block.cache_nbytes()`): {block.cache_nbytes() / 2**20:.1f} MiB; "
+          f"KV cache for B={B}, {S} positions: {kv / 2**20:.1f} MiB with H_kv={cfg.n_kv_heads} "
+          f"({kv * cfg.n_groups / 2**20:.1f} MiB with H_kv = H = {cfg.n_heads})")
+    print("\n| target | measured | result |\n|---|---:|---|")
+    for label, name, ref_name, limit in LLAMA_TARGETS:
+        r = ratios[(name, ref_name)]
+        if r is None:
+            print(f"| {label} | - | not measured (no PyTorch) |")
+        else:
+            print(f"| {label} | {r:.2f}x | {'PASS' if r <= limit else 'MISS'} |")
+
+
 # ---- widgets mode -------------------------------------------------------------------------------
 def run_widgets(args):
     import matplotlib
@@ -539,6 +714,9 @@ def main(argv=None):
     ensure_threads(threads, argv)
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
+    if args.llama_only:
+        run_llama(args, threads)
+        return
     run_block(args, threads)
 
 

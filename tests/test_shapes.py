@@ -272,9 +272,9 @@ def test_formatting():
 
 # ---- figures ----------------------------------------------------------------------------------
 
-def test_explorables_are_registered_and_fast_enough_to_draw():
-    import time
-
+def test_explorables_are_registered_and_draw():
+    # how fast a frame draws is measured by `python -m preln.bench --widgets` (a table), not here:
+    # a timed assertion flips on a shared, busy machine
     import matplotlib.pyplot as plt
 
     from preln.figures import all_explorables
@@ -288,9 +288,7 @@ def test_explorables_are_registered_and_fast_enough_to_draw():
         first = {k: v[0] for k, v in controls.items()}
         last = {k: v[-1] for k, v in controls.items()}
         for kw in (first, last):
-            t0 = time.process_time()
             fig = plot(**kw)
-            assert time.process_time() - t0 < 0.5     # generous: 100 ms on an idle machine
             assert hasattr(fig, "savefig")
             plt.close(fig)
     assert "S = 8192" in figs.ops_alt(8192, 64, 4)

@@ -7,7 +7,7 @@ every callback.
 """
 import importlib
 
-CHAPTERS = ("derivation", "derivation_block", "shape_flow", "precision", "int8", "inference",
+CHAPTERS = ("derivation", "derivation_block", "modern_block", "shape_flow", "precision", "int8", "inference",
             "preln_vs_postln")
 
 

@@ -7,6 +7,14 @@ policy, no dropout, no tracer) its softmax -- scale, mask, max, exp, sum, divide
 over the scores (:func:`preln.ops.fused.softmax`), and so is the softmax's backward. The tiled
 path (FlashAttention, Dao et al. 2022, arXiv 2205.14135) walks key tiles with the online-softmax
 recurrence and never holds more than one (B, H, Tq, Tk) tile of scores; it is what eval mode runs.
+
+Grouped-query attention (GQA, Ainslie et al. 2023, arXiv 2305.13245): k and v may have fewer heads
+than q, H_kv dividing H (H_kv = 1 is multi-query attention, Shazeer 2019, arXiv 1911.02150; H_kv = H
+is the multi-head attention above). Query head h reads key/value head h // G, G = H / H_kv, as
+transformers' ``repeat_kv`` lays them out. The G query heads of a group are stacked along the
+sequence axis, (B, H, S, d_h) -> (B, H_kv, G S, d_h), so one batched matmul serves the whole group
+and K, V are never repeated; in the backward the same stacking makes the matmuls for dK and dV sum
+over the group's heads -- the "sum over the heads that shared a key" of the chain rule.
 """
 from typing import NamedTuple
 
@@ -32,6 +40,56 @@ def merge_heads(x):  # (B, H, S, d_h) -> (B, S, D)
     return x.transpose(0, 2, 1, 3).reshape(B, S, H * dh)
 
 
+def repeat_kv(x, n_rep):  # (B, H_kv, S, d_h) -> (B, H_kv n_rep, S, d_h)
+    """Each key/value head repeated for the n_rep query heads that share it: head h of the result is
+    head h // n_rep of x (transformers' ``repeat_kv``). GQA equals multi-head attention on
+    ``repeat_kv(k, G), repeat_kv(v, G)`` -- what the attention functions compute without the copy."""
+    return np.repeat(x, n_rep, axis=1)
+
+
+def _grouped(a, n_kv):  # (B, H, M, K) -> (B, H_kv, G M, K), a view when a is contiguous
+    B, H, M, K = a.shape
+    return a.reshape(B, n_kv, (H // n_kv) * M, K)
+
+
+def _gmm(a, b, out=None):  # (B, H, M, K), (B, H_kv, K, N) -> (B, H, M, N)
+    """a @ b, head h of a with head h // G of b: one matmul per key/value head over its G stacked
+    query heads. H_kv = H is the plain batched matmul (and may write into ``out`` directly)."""
+    B, H, M, _ = a.shape
+    n_kv = b.shape[1]
+    if n_kv == H:
+        return matmul(a, b) if out is None else np.matmul(a, b, out=out)
+    r = matmul(_grouped(a, n_kv), b).reshape(B, H, M, b.shape[-1])
+    if out is None:
+        return r
+    out[...] = r
+    return out
+
+
+def _gmm_t(a, b, n_kv, out=None):  # (B, H, M, K), (B, H, M, N) -> (B, H_kv, K, N)
+    """sum over the G heads of each group of a_h^T b_h: the transposed product, whose contraction
+    over the stacked (G M) rows adds up the gradients of the heads that shared one key/value head."""
+    if n_kv == a.shape[1]:
+        return np.matmul(a.swapaxes(-1, -2), b, out=out)
+    r = matmul(_grouped(a, n_kv).swapaxes(-1, -2), _grouped(b, n_kv))
+    if out is None:
+        return r
+    out[...] = r
+    return out
+
+
+def check_heads(q, k, v):
+    """q (B, H, Sq, d_h), k and v (B, H_kv, Sk, d_h) with H_kv dividing H; else a ValueError."""
+    if k.shape != v.shape:
+        raise ValueError(f"v: expected the shape of k, {k.shape}; got {v.shape}")
+    if q.ndim != 4 or k.ndim != 4 or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
+        raise ValueError(f"k: expected (B, H_kv, Sk, d_h) with q's B and d_h, q being (B, H, Sq, d_h) "
+                         f"= {q.shape}; got {k.shape}")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"k: expected a number of key/value heads H_kv dividing the H = {q.shape[1]} "
+                         f"query heads; got H_kv = {k.shape[1]}")
+
+
 def mask_bias(key_padding_mask=None, causal=False, q_len=0, k_len=0, q0=0, k0=0):
     """Additive float32 mask for query rows q0:q0+q_len and key columns k0:k0+k_len, or None.
 
@@ -52,8 +110,8 @@ def mask_bias(key_padding_mask=None, causal=False, q_len=0, k_len=0, q0=0, k0=0)
 
 class AttentionCache(NamedTuple):
     q: np.ndarray            # (B, H, S, d_h)
-    k: np.ndarray            # (B, H, S, d_h)
-    v: np.ndarray            # (B, H, S, d_h)
+    k: np.ndarray            # (B, H_kv, S, d_h), H_kv = H without grouping
+    v: np.ndarray            # (B, H_kv, S, d_h)
     p: np.ndarray            # (B, H, S, S) softmax probabilities, or None (recomputed in backward)
     drop_mask: np.ndarray    # (B, H, S, S) bool, or None without dropout
     dropout_p: float
@@ -62,28 +120,29 @@ class AttentionCache(NamedTuple):
     policy: object
 
 
-def _scores(q, k, policy, ct):  # (B, H, Sq, d_h), (B, H, Sk, d_h) -> (B, H, Sq, Sk)
+def _scores(q, k, policy, ct):  # (B, H, Sq, d_h), (B, H_kv, Sk, d_h) -> (B, H, Sq, Sk)
     scale = ct.type(1.0 / np.sqrt(q.shape[-1]))
     qc, kt = q.astype(ct, copy=False), k.astype(ct, copy=False).swapaxes(-1, -2)
     if policy.prescale_queries:
-        return matmul(qc * scale, kt)
-    return matmul(qc, kt) * scale                                     # the logits exist unscaled first
+        return _gmm(qc * scale, kt)
+    return _gmm(qc, kt) * scale                                       # the logits exist unscaled first
 
 
 def attention_forward(q, k, v, key_padding_mask=None, causal=False, dropout_p=0.0, rng=None,
                       policy=SAFE, watch=no_watch, keep_probs=True, fused=False):
-    """Plain attention. q, k, v: (B, H, S, d_h) -> (out (B, H, S, d_h), cache).
+    """Plain attention. q: (B, H, S, d_h), k, v: (B, H_kv, S, d_h) -> (out (B, H, S, d_h), cache).
 
     key_padding_mask: (B, S) bool, True = padding key. With ``keep_probs=False`` P is not cached
     and the backward recomputes it. ``fused=True``: the fused softmax (see the module docstring;
     the caller checks that it applies), with the scale applied to the scores instead of to q.
     """
+    check_heads(q, k, v)
     if fused:
-        s = q @ k.swapaxes(-1, -2)                                    # (B, H, S, S), unscaled
+        s = _gmm(q, k.swapaxes(-1, -2))                               # (B, H, S, S), unscaled
         p = _fused.softmax(s, 1.0 / np.sqrt(q.shape[-1]), key_padding_mask, causal)
         cache = AttentionCache(q, k, v, p if keep_probs else None, None, 0.0, key_padding_mask,
                                causal, policy)
-        return p @ v, cache                                           # (B, H, S, d_h)
+        return _gmm(p, v), cache                                      # (B, H, S, d_h)
     ct = compute_dtype(q.dtype, policy)
     s = watch("scores", _scores(q, k, policy, ct), q, k)              # (B, H, S, S)
     bias = mask_bias(key_padding_mask, causal, q.shape[2], k.shape[2])
@@ -91,16 +150,19 @@ def attention_forward(q, k, v, key_padding_mask=None, causal=False, dropout_p=0.
         s += bias.astype(ct, copy=False)                              # s is ours: add in place
     p, _ = softmax_forward(s, -1, policy, watch)                      # (B, H, S, S)
     pd, drop_mask = dropout_forward(p, dropout_p, rng)
-    out = watch("weighted_sum", matmul(pd, v.astype(ct, copy=False)), pd, v)  # (B, H, S, d_h)
+    out = watch("weighted_sum", _gmm(pd, v.astype(ct, copy=False)), pd, v)  # (B, H, S, d_h)
     cache = AttentionCache(q, k, v, p.astype(q.dtype, copy=False) if keep_probs else None,
                            drop_mask, dropout_p, key_padding_mask, causal, policy)
     return out.astype(q.dtype, copy=False), cache
 
 
-def attention_backward(dout, cache, out=None, fused=False):  # (B, H, S, d_h) -> 3 x (B, H, S, d_h)
+def attention_backward(dout, cache, out=None, fused=False):  # (B, H, S, d_h) -> dq, dk, dv
     """dV = P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(P * dP));  dQ = tau dS K;  dK = tau dS^T Q.
 
-    out: optional (dq, dk, dv) arrays, (B, H, S, d_h) each, to write the gradients into and return.
+    dq: (B, H, S, d_h); dk, dv: (B, H_kv, S, d_h) -- with grouped heads, dK and dV of a key/value
+    head sum the products over the G query heads that read it.
+
+    out: optional (dq, dk, dv) arrays, shaped as q, k, v, to write the gradients into and return.
     The block passes views of one (B, S, 3D) array laid out as qkv, so the matmuls write straight
     into it and the in-projection's backward needs no concatenate. fused: recompute P and take the
     softmax's backward with the fused kernels (float32/float64, safe policy, no dropout).
@@ -108,7 +170,7 @@ def attention_backward(dout, cache, out=None, fused=False):  # (B, H, S, d_h) ->
     q, k, v, p, drop_mask, dropout_p, kpm, causal, policy = cache
     ct = compute_dtype(dout.dtype, policy)
     if p is None and fused:                                           # recompute P (eval-mode cache)
-        p = _fused.softmax(q @ k.swapaxes(-1, -2), 1.0 / np.sqrt(q.shape[-1]), kpm, causal)
+        p = _fused.softmax(_gmm(q, k.swapaxes(-1, -2)), 1.0 / np.sqrt(q.shape[-1]), kpm, causal)
     elif p is None:
         s = _scores(q, k, policy, ct)
         bias = mask_bias(kpm, causal, q.shape[2], k.shape[2])
@@ -119,17 +181,22 @@ def attention_backward(dout, cache, out=None, fused=False):  # (B, H, S, d_h) ->
     doc = dout.astype(ct, copy=False)
     pc = p.astype(ct, copy=False)
     pd, _ = dropout_forward(pc, dropout_p, None, drop_mask)           # out = dropout(P) V
-    dv = np.matmul(pd.swapaxes(-1, -2), doc, out=dv)                  # (B, H, S, d_h)
-    dpd = matmul(doc, v.astype(ct, copy=False).swapaxes(-1, -2))      # (B, H, S, S)
+    n_kv = k.shape[1]
+    dv = _gmm_t(pd, doc, n_kv, out=dv)                                # (B, H_kv, S, d_h)
+    dpd = _gmm(doc, v.astype(ct, copy=False).swapaxes(-1, -2))        # (B, H, S, S)
     dp = dropout_backward(dpd, drop_mask, dropout_p)
     if fused:
         ds = _fused.softmax_backward(dp, pc, out=dp)                  # P = softmax(S), in one pass
     else:
         ds = softmax_backward(dp, pc, -1, policy)                     # P = softmax(S)
     tau = ct.type(1.0 / np.sqrt(q.shape[-1]))
-    dq = np.matmul(ds, k.astype(ct, copy=False), out=dq)              # S = tau Q K^T
+    kc = k.astype(ct, copy=False)
+    if n_kv == q.shape[1]:                                            # S = tau Q K^T
+        dq = np.matmul(ds, kc, out=dq)                                # written straight into out
+    else:
+        dq = _gmm(ds, kc, out=dq)
     dq *= tau
-    dk = np.matmul(ds.swapaxes(-1, -2), q.astype(ct, copy=False), out=dk)
+    dk = _gmm_t(ds, q.astype(ct, copy=False), n_kv, out=dk)           # (B, H_kv, S, d_h)
     dk *= tau
     grads = tuple(g.astype(dt, copy=False) for g in (dq, dk, dv))
     if out is not None and not direct:                                # 16-bit storage: round, then copy
@@ -140,7 +207,7 @@ def attention_backward(dout, cache, out=None, fused=False):  # (B, H, S, d_h) ->
 
 def flash_attention_forward(q, k, v, key_padding_mask=None, causal=False, policy=SAFE,
                             watch=no_watch, q_tile=Q_TILE, k_tile=K_TILE, q_offset=0):
-    """Tiled attention with the online softmax; q (B, H, Sq, d_h), k, v (B, H, Sk, d_h) -> (B, H, Sq, d_h).
+    """Tiled attention with the online softmax; q (B, H, Sq, d_h), k, v (B, H_kv, Sk, d_h) -> (B, H, Sq, d_h).
 
     q_offset: the position of the first query among the keys. 0 for self-attention over one
     sequence; ``Sk - Sq`` when decoding with a KV cache, where the Sq new queries are the last Sq
@@ -151,6 +218,7 @@ def flash_attention_forward(q, k, v, key_padding_mask=None, causal=False, policy
         l' = e^(m - m') l + rowsum(P_j);  O' = e^(m - m') O + P_j V_j;  finally O / l.
     Extra memory: one (B, H, q_tile, k_tile) tile plus (m, l, O) for the query tile.
     """
+    check_heads(q, k, v)
     ct = compute_dtype(q.dtype, policy)
     B, H, Sq, dh = q.shape
     Sk = k.shape[2]
@@ -177,7 +245,7 @@ def flash_attention_forward(q, k, v, key_padding_mask=None, causal=False, policy
             p = watch("exp", np.exp(p, out=p), s)                     # exp in place: one tile-sized array
             alpha = np.exp(m - shift)                                 # rescales the tiles before; 0 at m = -inf
             l = alpha * l + p.sum(axis=-1, keepdims=True, dtype=ct)
-            o = alpha * o + matmul(p, v[:, :, j0:j1].astype(ct, copy=False))
+            o = alpha * o + _gmm(p, v[:, :, j0:j1].astype(ct, copy=False))
             m = m_new
         out[:, :, i0:i1] = watch("normalize", o / np.where(l == 0, 1, l), o)  # fully masked: 0
     return out
