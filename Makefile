@@ -8,7 +8,11 @@
 #   make test-notebooks-busy  the same while two CPU-bound processes keep both cores busy
 #   make test-learner    what a learner does: the wheel in fresh venvs outside the checkout, each chapter
 #                        alone in an empty folder (Colab-like), every chapter from book/ in Binder's env
-#   make test-site       build the site, then drive every page with headless Chromium
+#   make test-site       build the site and its PDF, then drive every page with headless Chromium
+#                        (axe-core in light and dark mode, 320 px reflow, explorables, the PDF)
+#   make pdf             the whole book as one PDF (headless Chromium): _build/pdf/preln-book.pdf,
+#                        also published in the site (the Course page links it)
+#   make page-weight     the table of each page's HTML and first-load bytes
 #   make test-course     the course edition: assignments run, release up to date, the sandbox holds,
 #                        the fixture class (honest, cheating, hostile) grades right, mutation >= 90 %
 #   make assignments     student notebooks assignments/release/ from assignments/source/ (nbgrader)
@@ -37,7 +41,7 @@ BUILD  := $(BIN)/jupyter-book build --all -W -n --keep-going .
 ONE_THREAD := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 .PHONY: install book test test-unit test-notebooks test-notebooks-busy test-learner test-site lab notebooks bench vendor clean \
-        install-course assignments grade mutation test-course bench-grading
+        install-course assignments grade mutation test-course bench-grading pdf page-weight
 
 $(STAMP): requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 is needed, found " + sys.version'
@@ -144,9 +148,16 @@ BENCH_STUDENTS ?= 100
 bench-grading: $(COURSE_STAMP)
 	$(ONE_THREAD) $(BIN)/python scripts/course/bench_grading.py --students $(BENCH_STUDENTS)
 
-test-site: book
+test-site: pdf
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m browser tests/browser
 	@echo "Screenshots of every page: $(CURDIR)/_build/screenshots/"
+
+# One PDF of the book, printed by the Debian chromium through Playwright (never a downloaded browser)
+pdf: book
+	$(BIN)/python scripts/make_pdf.py
+
+page-weight: book
+	$(BIN)/python scripts/page_weight.py
 
 # jupyterlab-myst (requirements.txt) renders MyST admonitions, dropdowns and math in markdown cells;
 # {glue:...} roles stay raw in JupyterLab (book/running.md says why). preln is importable through the

@@ -6,6 +6,8 @@ and the Jupyter widget manager are served from the site itself. This script uses
 client (`npm pack`) to download each pinned package, checks the tarball against the registry's
 integrity hash, copies ONLY the files the site loads into vendor/assets/ (which Sphinx publishes
 as _static/), and writes vendor/manifest.json (versions, licences, sources, sha256 of every file).
+What only the tests load (axe-core, for the accessibility audit in tests/browser) goes to
+vendor/tests/, which is not published.
 
     python3 scripts/vendor_assets.py            # (re)vendor the pinned versions
     python3 scripts/vendor_assets.py --check    # verify vendor/ against the manifest, no network
@@ -27,13 +29,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 VENDOR = ROOT / "vendor"
-ASSETS = VENDOR / "assets"
+ASSETS = VENDOR / "assets"        # published as the site's _static/
+TEST_ASSETS = VENDOR / "tests"    # loaded by the tests only
 
 # MathJax's TeX autoload fetches these on first use of their macros (\boldsymbol, \cancel,
 # \color, \braket, \coloneqq ...). Anything else is a 404 that the browser tests report.
 MATHJAX_TEX_EXTENSIONS = ["boldsymbol", "cancel", "color", "braket", "mathtools", "bbox", "enclose"]
 
-# package spec -> (licence, {file inside the tarball's package/ : destination under vendor/assets/})
+# package spec -> (licence, {file inside the tarball's package/ : destination under vendor/<root>/}),
+# root "assets" (the default: the site) or "tests"
 PACKAGES: dict[str, dict] = {
     "mathjax@3.2.2": {
         "license": "Apache-2.0",
@@ -63,6 +67,14 @@ PACKAGES: dict[str, dict] = {
             "dist/d878b0a6a1144760244f.woff2": "jupyter-widgets/d878b0a6a1144760244f.woff2",
         },
     },
+    # axe-playwright-python 0.1.8 bundles axe-core 4.12.1; the audit the tests reproduce used 4.14
+    "axe-core@4.14.1": {
+        "license": "MPL-2.0",
+        "why": "the accessibility rules tests/browser runs on every page (WCAG 2.1 A/AA), not published",
+        "root": "tests",
+        "files": {"axe.min.js": "axe-core/axe.min.js", "LICENSE": "axe-core/LICENSE",
+                  "LICENSE-3RD-PARTY.txt": "axe-core/LICENSE-3RD-PARTY.txt"},
+    },
 }
 
 
@@ -86,8 +98,9 @@ def npm_pack(spec: str, dest: Path) -> dict:
 def vendor() -> None:
     if shutil.which("npm") is None:
         sys.exit("vendor: npm is needed (Debian: apt-get install npm)")
-    if ASSETS.exists():
-        shutil.rmtree(ASSETS)
+    for root in (ASSETS, TEST_ASSETS):
+        if root.exists():
+            shutil.rmtree(root)
     manifest = {"generated_by": "scripts/vendor_assets.py", "served_as": "_static/ (html_static_path)",
                 "packages": []}
     with tempfile.TemporaryDirectory() as tmp:
@@ -102,9 +115,10 @@ def vendor() -> None:
             if declared != meta["license"]:
                 sys.exit(f"vendor: {spec} declares licence {declared!r}, expected {meta['license']!r}")
             files = []
+            base = VENDOR / meta.get("root", "assets")
             for src, dst in meta["files"].items():
-                pairs = ([(p, ASSETS / dst / p.name) for p in sorted((pkg / src).iterdir())]
-                         if src.endswith("/") else [(pkg / src, ASSETS / dst)])
+                pairs = ([(p, base / dst / p.name) for p in sorted((pkg / src).iterdir())]
+                         if src.endswith("/") else [(pkg / src, base / dst)])
                 for s, d in pairs:
                     d.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(s, d)
@@ -133,7 +147,7 @@ def check() -> int:
             listed.add(path)
             if not path.is_file() or sha256(path) != f["sha256"]:
                 bad.append(f"{f['path']} ({p['name']}@{p['version']}) is missing or modified")
-    extra = [p for p in ASSETS.rglob("*") if p.is_file() and p not in listed]
+    extra = [p for root in (ASSETS, TEST_ASSETS) for p in root.rglob("*") if p.is_file() and p not in listed]
     bad += [f"{p.relative_to(VENDOR)} is not in manifest.json" for p in extra]
     for line in bad:
         print("vendor:", line)

@@ -9,7 +9,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from preln.viz import MAX_FRAMES, PALETTE, apply_style, explorable, figure_png  # noqa: E402
+from preln.viz import (MAX_FRAMES, PALETTE, Control, apply_style, control, explorable,  # noqa: E402
+                       figure_png)
 
 OKABE_ITO = {"#000000", "#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7"}
 
@@ -74,25 +75,116 @@ def test_string_alt_gets_the_settings_appended():
                                         "A tanh curve (scale = 2, shift = 0)"]
 
 
-def test_html_has_controls_image_and_all_frames():
-    ex = explorable(side_plot, {"scale": [0.5, 1.0, 2.0], "side": ["left", "centre"]},
-                    alt=lambda scale, side: f"slope {scale:g}, {side}",
-                    initial={"scale": 1.0})
-    html = ex._repr_html_()
-    assert html.startswith(f'<div class="preln-explorable" id="{ex.id}">')
-    assert len(re.findall(r'<input type="range"', html)) == 1          # numeric control
-    assert len(re.findall(r"<select ", html)) == 1                       # str control
-    assert len(re.findall(r"<label for=", html)) == 2
-    assert len(re.findall(r'<output for="[^"]+" class="preln-explorable-value">', html)) == 2
-    imgs = re.findall(r"<img [^>]*>", html)
-    assert len(imgs) == 1 and 'alt="slope 1, left"' in imgs[0]           # the initial frame
-    assert 'value="1"' in html                                           # initial scale index
-    data = json.loads(re.search(r'<script type="application/json" class="preln-explorable-data">'
+def _data(html):
+    return json.loads(re.search(r'<script type="application/json" class="preln-explorable-data">'
                                 r"(.*?)</script>", html).group(1))
+
+
+def test_palette_frames_are_small_deterministic_pngs():
+    fig = line_plot(1.0, 0.0)
+    rgba, pal, again = figure_png(fig), figure_png(fig, colors=256), figure_png(fig, colors=256)
+    plt.close(fig)
+    assert pal == again, "palette re-encoding must be deterministic (reproducible builds)"
+    assert pal[:8] == b"\x89PNG\r\n\x1a\n" and pal[25] == 3, "colour type 3: a palette PNG"
+    assert rgba[25] == 6, "matplotlib writes RGBA"
+    assert len(pal) < len(rgba)
+    with pytest.raises(ValueError, match="colors"):
+        figure_png(fig, colors=1)
+
+
+def test_control_is_a_labelled_list():
+    c = control("head width d_h", [4, 8, 16])
+    assert isinstance(c, Control) and isinstance(c, list)
+    assert c == [4, 8, 16] and list(c) == [4, 8, 16] and c[1] == 8 and c.label == "head width d_h"
+    assert "head width d_h" in repr(c)
+    with pytest.raises(ValueError, match="label"):
+        control("  ", [1, 2])
+    with pytest.raises(TypeError, match="values"):
+        control("a label", "abc")
+
+
+def test_labels_from_control_and_keyword():
+    ex = explorable(line_plot, {"scale": control("slope of the curve", [1.0, 2.0]), "shift": [0.0, 1.0]},
+                    alt=alt_text, labels={"shift": "horizontal shift"})
+    assert ex.labels == ["slope of the curve", "horizontal shift"]
+    ex = explorable(line_plot, {"scale": control("slope of the curve", [1.0]), "shift": [0.0]},
+                    alt=alt_text, labels={"scale": "steepness"})
+    assert ex.labels == ["steepness", "shift"], "labels= wins; without a label the name is shown"
+    with pytest.raises(ValueError, match="unknown"):
+        explorable(line_plot, {"scale": [1.0], "shift": [0.0]}, alt=alt_text, labels={"slope": "x"})
+    with pytest.raises(ValueError, match="share a label"):
+        explorable(line_plot, {"scale": [1.0], "shift": [0.0]}, alt=alt_text,
+                   labels={"scale": "a knob", "shift": "a knob"})
+    plt.close("all")
+
+
+def test_html_is_an_accessible_widget():
+    ex = explorable(side_plot, {"scale": control("slope of the curve", [0.5, 1.0, 2.0]),
+                                "side": control("where the curve is centred", ["left", "centre"])},
+                    alt=lambda scale, side: f"A tanh curve of slope {scale:g}, centred {side}. More detail.",
+                    initial={"scale": 1.0}, title="A tanh curve")
+    html = ex._repr_html_()
+    uid, frame = ex.id, f"{ex.id}-frame"
+    # a <figure> captioned by the title groups the controls and the image
+    assert re.search(rf'</style><figure class="preln-explorable" id="{uid}"[^>]*><figcaption id="{uid}-caption"'
+                     rf'[^>]*><strong>A tanh curve</strong>', html)
+    assert html.endswith("</figure>")
+    # numeric values: an ARIA slider whose value is the real value, not an index
+    sliders = re.findall(r'<span class="preln-slider" [^>]*role="slider"[^>]*>', html)
+    assert len(sliders) == 1
+    s = sliders[0]
+    for attr, want in [("aria-valuenow", "1.0"), ("aria-valuetext", "1"), ("aria-valuemin", "0.5"),
+                       ("aria-valuemax", "2.0"), ("aria-controls", frame), ("tabindex", "0"),
+                       ("aria-labelledby", f"{uid}-c0-label")]:
+        assert f'{attr}="{want}"' in s, (attr, s)
+    assert f'<span class="preln-explorable-label" id="{uid}-c0-label">slope of the curve</span>' in html
+    # other values: a <select> with a visible <label for>, also pointing at the image
+    assert re.search(rf'<label class="preln-explorable-label" for="{uid}-c1"[^>]*>where the curve is centred</label>'
+                     rf'<select id="{uid}-c1" [^>]*aria-controls="{frame}"', html)
+    imgs = re.findall(r"<img [^>]*>", html)
+    assert len(imgs) == 1 and f'id="{frame}"' in imgs[0]
+    assert 'alt="A tanh curve of slope 1, centred left. More detail."' in imgs[0]
+    assert re.search(r'width="\d+" height="\d+"', imgs[0]), "the image reserves its space"
+    # a polite live region, empty until the reader moves a control
+    assert '<p class="preln-explorable-status" role="status" aria-atomic="true"></p>' in html
+    data = _data(html)
     assert data["labels"] == [["0.5", "1", "2"], ["left", "centre"]]
-    assert len(data["frames"]) == 6 and all(f[1] for f in data["frames"].values())
+    assert data["values"][0] == ["0.5", "1.0", "2.0"]
+    assert len(data["frames"]) == 6
+    src, alt, said, settings = data["frames"]["2,1"]
+    assert src.startswith("data:image/png;base64,") and alt.startswith("A tanh curve of slope 2")
+    assert said == "slope of the curve = 2, where the curve is centred = centre: A tanh curve of slope 2, centred centre."
+    assert settings == "slope of the curve = 2, where the curve is centred = centre"
     # self-contained: no external scripts, styles or images
     assert "<script src" not in html and "http://" not in html and "https://" not in html
+
+
+def test_summary_callable_is_announced():
+    ex = explorable(line_plot, {"scale": [1.0, 2.0], "shift": [0.0]}, alt=alt_text,
+                    summary=lambda scale, shift: f"slope {scale:g}")
+    assert ex.summaries[(1, 0)] == "scale = 2, shift = 0: slope 2"
+    with pytest.raises(ValueError, match="summary"):
+        explorable(line_plot, {"scale": [1.0], "shift": [0.0]}, alt=alt_text, summary=lambda **kw: " ")
+    plt.close("all")
+
+
+def test_every_explorable_of_the_book_has_descriptive_unique_labels():
+    """The book's explorables (preln.figures.*.EXPLORABLES) name each control for the reader:
+    a label that is not the bare symbol, unique among the explorables of its chapter (one page)."""
+    from preln.figures import all_explorables
+
+    by_chapter = {}
+    for key, (plot, controls) in all_explorables().items():
+        for name, values in controls.items():
+            label = getattr(values, "label", None)
+            assert label, f"{key}: control {name!r} has no label: use preln.viz.control(label, values)"
+            assert label.casefold() != name.casefold(), f"{key}: control {name!r} is labelled by its bare name"
+            by_chapter.setdefault(key.split(".")[0], []).append((label, f"{key}:{name}"))
+    for chapter, labels in by_chapter.items():
+        seen = {}
+        for label, where in labels:
+            assert label not in seen, f"{chapter}: {where} and {seen[label]} share the label {label!r}"
+            seen[label] = where
 
 
 def test_output_is_deterministic():
@@ -147,9 +239,53 @@ def test_live_in_ipython_returns_an_interactive():
         w = ex.live()
         assert isinstance(w, ipywidgets.interactive)
         assert [type(c).__name__ for c in w.children[:2]] == ["SelectionSlider", "Dropdown"]
+        assert [c.description for c in w.children[:2]] == ["scale", "side"]
         n = len(ex.timings)
         w.children[0].value = 2.0      # recomputes with the real function
         assert len(ex.timings) == n and ex.timings[(2.0, "left")] >= 0
     finally:
         plt.close("all")
         del ip
+
+
+def _site_extension():
+    """book/_ext/preln_site.py, the Sphinx extension that publishes the explorables."""
+    import importlib
+    import sys
+    from pathlib import Path
+
+    ext = Path(__file__).resolve().parents[1] / "book" / "_ext"
+    if str(ext) not in sys.path:
+        sys.path.insert(0, str(ext))
+    return importlib.import_module("preln_site")
+
+
+def test_the_site_build_moves_frames_into_content_named_files(tmp_path):
+    import hashlib
+
+    site = _site_extension()
+    ex = explorable(side_plot, {"scale": control("slope of the curve", [0.5, 1.0, 2.0]),
+                                "side": control("where the curve is centred", ["left", "centre"])},
+                    alt=lambda scale, side: f"slope {scale:g}, {side}")
+    html = ex.to_html()
+    out = site.extract_frames(html, tmp_path / "a", lambda path: "../" + path)
+    assert "data:image" not in out, "the page's HTML keeps no image data"
+    files = sorted((tmp_path / "a" / site.FRAMES_DIR).iterdir())
+    assert {f.read_bytes() for f in files} == set(ex.frames.values())
+    assert all(f.name == hashlib.sha256(f.read_bytes()).hexdigest()[:24] + ".png" for f in files)
+    data = _data(out)
+    assert len(data["frames"]) == len(ex.frames)
+    assert all(f[0].startswith(f"../{site.FRAMES_DIR}/") and f[0].endswith(".png") for f in data["frames"].values())
+    img = re.findall(r"<img [^>]*>", out)
+    assert len(img) == 1 and 'loading="lazy"' in img[0] and f'src="../{site.FRAMES_DIR}/' in img[0]
+    # reproducible: the same notebook output gives the same page and the same files
+    again = site.extract_frames(html, tmp_path / "b", lambda path: "../" + path)
+    assert again == out
+    assert [f.read_bytes() for f in sorted((tmp_path / "b" / site.FRAMES_DIR).iterdir())] == [f.read_bytes() for f in files]
+
+
+def test_the_site_build_fixes_the_bibliography_role():
+    site = _site_extension()
+    html = '<div role="list" class="citation-list"><div class="citation" id="id1" role="doc-biblioentry">x</div></div>'
+    fixed = site.fix_markup(html)
+    assert "doc-biblioentry" not in fixed and 'class="citation" id="id1" role="listitem"' in fixed

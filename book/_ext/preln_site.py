@@ -1,18 +1,35 @@
-"""Sphinx extension: keep every page's <script> list clean and self-contained.
+"""Sphinx extension: keep every page self-contained, light and accessible.
 
 - jupyter-book 1.0.4 with Sphinx 7.4 emits some inline scripts twice (sphinx-thebe's
   `const THEBE_JS_URL = ...` among them), which is a JavaScript error ("Identifier has already been
   declared") on every page: identical scripts are dropped here.
+- With `launch_buttons.thebe: false` nothing on the site uses thebe, but sphinx-thebe still adds
+  its loader and the unpkg.com URL it would fetch thebe from; those are dropped too, so no page
+  names another origin as a script source.
+- myst-nb adds require.js, the 3.6 MB widget manager and the notebook's whole widget state to every
+  page of a notebook that saved widget state, even where no cell displays a widget: on a page
+  without a widget view they are dropped.
+- Explorable frames (preln/viz.py) are stored in the notebook as data URIs, so that a notebook
+  works anywhere. On the site each frame becomes a file, _frames/<sha256>.png, named by its
+  content (reproducible builds, shared between pages); the page's HTML keeps only their URLs, the
+  first frame loads lazily, and the others when a reader moves a control.
 - Docstrings are written for `help()` in a terminal and name things briefly (`TransformerStack`,
   `MASKS`, "float32"). On the API page, a Python reference that Sphinx cannot resolve is looked up
   by its last component among the documented objects (linked if exactly one matches), and
   otherwise shown as code instead of failing the nitpicky build (`-n`); `-v` lists them. References
   written in the book's own pages stay strict.
-- With `launch_buttons.thebe: false` nothing on the site uses thebe, but sphinx-thebe still adds
-  its loader and the unpkg.com URL it would fetch thebe from; those are dropped too, so no page
-  names another origin as a script source.
+- Accessibility fixes for markup the toolchain writes (each names what it works around): the
+  bibliography's deprecated ARIA role, myst-nb's hide-input toggle, and the theme's icon fonts
+  cut down to the glyphs the pages use (the theme's Font Awesome script is left out by
+  book/_templates/static/webpack-macros.html).
 """
 from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+from pathlib import Path
 
 from sphinx.util import logging
 from sphinx.util.nodes import make_refnode
@@ -21,6 +38,10 @@ logger = logging.getLogger(__name__)
 
 # Pages generated from docstrings: their cross-references are best effort (see below).
 API_PAGES = {"book/api"}
+# Explorable frames, relative to the output directory.
+FRAMES_DIR = "_frames"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
 
 def _thebe_enabled(app) -> bool:
@@ -33,11 +54,18 @@ def clean_scripts(app, pagename, templatename, context, doctree):
     if not scripts:
         return
     drop_thebe = not _thebe_enabled(app)
+    # myst-nb's nb_ipywidgets_js (require.js, preln-widgets.js, embed-amd.js) and the widget state
+    # are only of use where a cell displays a widget.
+    no_widgets = WIDGET_VIEW not in context.get("body", "")
+    widget_js = {str(k) for k in (getattr(app.config, "nb_ipywidgets_js", None) or {})}
     seen, kept = set(), []
     for js in scripts:
         filename = str(js.filename or "")
         attrs = dict(getattr(js, "attributes", {}) or {})
         if drop_thebe and ("sphinx-thebe" in filename or "THEBE_JS_URL" in attrs.get("body", "")):
+            continue
+        # (Sphinx stores a local script as "_static/<the name in the config>")
+        if no_widgets and (attrs.get("type") == WIDGET_STATE or filename.removeprefix("_static/") in widget_js):
             continue
         key = (filename, tuple(sorted((k, str(v)) for k, v in attrs.items())))
         if key in seen:
@@ -45,6 +73,136 @@ def clean_scripts(app, pagename, templatename, context, doctree):
         seen.add(key)
         kept.append(js)
     context["script_files"] = kept
+
+
+# ---- explorable frames: out of the HTML, into files --------------------------------------------
+
+_DATA = re.compile(r'(<script type="application/json" class="preln-explorable-data">)(.*?)(</script>)', re.S)
+_IMG = re.compile(r'<img class="preln-explorable-frame" ([^>]*?)src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
+_DATA_URI = "data:image/png;base64,"
+
+
+def _frame_file(outdir: Path, b64: str) -> str:
+    """Write one frame under _frames/, named by its content; return its path in the site."""
+    png = base64.b64decode(b64)
+    name = f"{hashlib.sha256(png).hexdigest()[:24]}.png"
+    path = outdir / FRAMES_DIR / name
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(png)
+    return f"{FRAMES_DIR}/{name}"
+
+
+def extract_frames(html: str, outdir: Path, url) -> str:
+    """Replace every explorable frame's data URI in ``html`` by the URL of a file (``url(path)``
+    maps a site path to a URL relative to the page); the first frame loads lazily."""
+    def data(m):
+        payload = json.loads(m.group(2))
+        for frame in payload["frames"].values():
+            if frame[0].startswith(_DATA_URI):
+                frame[0] = url(_frame_file(outdir, frame[0][len(_DATA_URI):]))
+        # as preln.viz writes it: compact, and no "</" that would end the <script>
+        text = json.dumps(payload, separators=(",", ":")).replace("</", "<\\/")
+        return m.group(1) + text + m.group(3)
+
+    def img(m):
+        src = url(_frame_file(outdir, m.group(2)))
+        return f'<img class="preln-explorable-frame" loading="lazy" decoding="async" {m.group(1)}src="{src}"'
+
+    return _IMG.sub(img, _DATA.sub(data, html))
+
+
+# ---- markup fixes ---------------------------------------------------------------------------------
+
+def fix_markup(html: str) -> str:
+    # docutils' HTML5 writer (0.21, for sphinxcontrib-bibtex's bibliography) gives each citation
+    # role="doc-biblioentry", deprecated by DPUB-ARIA 1.1 because it cannot be a child of a list
+    # (w3c/dpub-aria#22, w3c/html-aria#363), inside <div role="list">: axe reports
+    # aria-deprecated-role and aria-required-children. A list item is what the entry is.
+    return html.replace('role="doc-biblioentry"', 'role="listitem"')
+
+
+def rewrite_body(app, pagename, templatename, context, doctree):
+    body = context.get("body")
+    if not body or app.builder.format != "html":
+        return
+    pathto = context["pathto"]
+    if "preln-explorable-data" in body:
+        body = extract_frames(body, Path(app.outdir), lambda path: pathto(path, 1))
+    context["body"] = fix_markup(body)
+
+
+def visit_hide_cell_input(self, node):
+    """myst-nb 1.4's hide-input toggle, without its aria-label.
+
+    myst_nb/sphinx_.py names the <summary> aria-label="Toggle hidden content" while it shows "Show
+    code cell source": the visible text is not in the accessible name (WCAG 2.5.3, axe
+    label-content-name-mismatch); not reported upstream as far as we found. The summary is named
+    by what it shows."""
+    from html import escape
+
+    self.body.append(f'<details class="admonition hide {" ".join(node["classes"])}">\n<summary>\n')
+    self.body.append(f'<p class="collapsed admonition-title">{escape(node["prompt_show"])}</p>\n')
+    self.body.append(f'<p class="expanded admonition-title">{escape(node["prompt_hide"])}</p>\n')
+    self.body.append("</summary>\n")
+
+
+def depart_hide_cell_input(self, node):
+    self.body.append("</details>\n")
+
+
+# ---- icon fonts: only the glyphs the pages use ------------------------------------------------------
+
+_ICON = re.compile(r"\bfa-([a-z0-9-]+)")
+_ICON_RULE = re.compile(r'((?:\.fa-[a-z0-9-]+:{1,2}before,?)+)\{content:"\\([0-9a-f]+)"\}')
+_THEME_FONTS = ("fa-solid-900", "fa-regular-400", "fa-brands-400")
+
+
+def subset_icon_fonts(app, exception):
+    """Cut the theme's Font Awesome webfonts down to the icons the built pages name.
+
+    The theme's CSS draws each `<i class="fa-solid fa-bars">` from a webfont (156 + 118 + 25 kB
+    of woff2 for thousands of icons; pydata/pydata-sphinx-theme#2379). The icons named in the
+    built HTML and the theme's scripts are looked up in its CSS, and each font in _static/ is
+    replaced by a subset, made from the theme's own copy each build (deterministic: fontTools
+    keeps the font's timestamps)."""
+    if exception is not None or app.builder.format != "html":
+        return
+    from fontTools import subset
+    import pydata_sphinx_theme
+
+    out = Path(app.outdir)
+    static = out / "_static"
+    css = (static / "styles" / "pydata-sphinx-theme.css").read_text(encoding="utf-8")
+    codepoints = {}
+    for names, code in _ICON_RULE.findall(css):
+        for name in re.findall(r"\.fa-([a-z0-9-]+)", names):
+            codepoints[name] = int(code, 16)
+    used = set()
+    for page in list(out.rglob("*.html")) + list((static / "scripts").glob("*.js")):
+        if page.name == "fontawesome.js":
+            continue
+        used |= set(_ICON.findall(page.read_text(encoding="utf-8", errors="replace")))
+    wanted = sorted({codepoints[n] for n in used if n in codepoints})
+    if not wanted:
+        return
+    theme = Path(pydata_sphinx_theme.__file__).parent / "theme" / "pydata_sphinx_theme" / "static"
+    for font in _THEME_FONTS:
+        src = theme / "vendor" / "fontawesome" / "webfonts" / f"{font}.woff2"
+        dst = static / "vendor" / "fontawesome" / "webfonts" / f"{font}.woff2"
+        if not (src.is_file() and dst.is_file()):
+            continue
+        opts = subset.Options()
+        opts.flavor = "woff2"
+        opts.layout_features = ["*"]
+        opts.ignore_missing_unicodes = True
+        ttf = subset.load_font(str(src), opts)
+        sub = subset.Subsetter(opts)
+        sub.populate(unicodes=wanted)
+        sub.subset(ttf)
+        subset.save_font(ttf, str(dst), opts)
+    logger.info("preln_site: icon fonts cut to %d glyphs (%s)", len(wanted),
+                ", ".join(sorted(n for n in used if n in codepoints)))
 
 
 def resolve_docstring_refs(app, env, node, contnode):
@@ -61,7 +219,12 @@ def resolve_docstring_refs(app, env, node, contnode):
 
 
 def setup(app):
+    from myst_nb.sphinx_ import HideCodeCellNode
+
+    app.connect("html-page-context", rewrite_body, priority=900)
     app.connect("html-page-context", clean_scripts, priority=999)
+    app.connect("build-finished", subset_icon_fonts)
     # after Sphinx's own resolvers (intersphinx, the builtin resolver) had their go
     app.connect("missing-reference", resolve_docstring_refs, priority=900)
+    app.add_node(HideCodeCellNode, override=True, html=(visit_hide_cell_input, depart_hide_cell_input))
     return {"parallel_read_safe": True, "parallel_write_safe": True}

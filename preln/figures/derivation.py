@@ -31,7 +31,7 @@ from matplotlib.patches import Rectangle
 
 from ..ops import (activation_forward, attention_forward, layer_norm_forward, linear_forward,
                    merge_heads, softmax, split_heads)
-from ..viz import PALETTE
+from ..viz import PALETTE, control
 
 __all__ = [
     "FORWARD_STEPS", "MASKS", "Table", "forward_steps", "intermediate_loss", "param_loss",
@@ -670,7 +670,7 @@ class Table:
 
 #: The interactive figures of this chapter, name -> (plot, controls).
 EXPLORABLES = {
-    "qk_scaling": (plot_qk_scaling, {"d_h": [4, 8, 16, 32, 64, 128]}),
-    "attention_masks": (plot_attention_masks, {"mask": list(MASKS)}),
-    "online_softmax": (plot_online_softmax, {"step": list(range(1, 7))}),
+    "qk_scaling": (plot_qk_scaling, {"d_h": control("head width d_h", [4, 8, 16, 32, 64, 128])}),
+    "attention_masks": (plot_attention_masks, {"mask": control("attention mask", list(MASKS))}),
+    "online_softmax": (plot_online_softmax, {"step": control("tiles read so far", list(range(1, 7)))}),
 }

@@ -26,7 +26,7 @@ from ..block import TransformerBlock
 from ..config import BlockConfig
 from ..ops import BatchNorm1d, batchnorm_forward, dropout_forward, layer_norm_forward
 from ..stack import TransformerStack
-from ..viz import PALETTE
+from ..viz import PALETTE, control
 
 __all__ = [
     "block_jacobian", "jacobian_stats", "ln_jacobian", "jacobian_pair", "plot_jacobians",
@@ -463,7 +463,8 @@ def bn_token_alt(batch_size=8, pad_fraction=0.0) -> str:
 
 #: The interactive figures of this chapter, name -> (plot, controls).
 EXPLORABLES = {
-    "jacobians": (plot_jacobians, {"d_model": [8, 16], "scale": [0.25, 0.5, 1.0, 2.0, 4.0]}),
-    "batchnorm_token": (plot_bn_token, {"batch_size": [2, 4, 8, 16, 64],
-                                        "pad_fraction": [0.0, 0.25, 0.5, 0.75]}),
+    "jacobians": (plot_jacobians, {"d_model": control("model width D", [8, 16]),
+                                   "scale": control("input scale", [0.25, 0.5, 1.0, 2.0, 4.0])}),
+    "batchnorm_token": (plot_bn_token, {"batch_size": control("real tokens in the batch", [2, 4, 8, 16, 64]),
+                                        "pad_fraction": control("fraction of padding tokens", [0.0, 0.25, 0.5, 0.75])}),
 }

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..config import BlockConfig
 from ..inference import PUBLISHED, decode_cost, kv_cache_bytes, step_ops
-from ..viz import PALETTE
+from ..viz import PALETTE, control
 
 __all__ = ["EXPLORABLES", "plot_roofline", "plot_published", "plot_fusion_bytes",
            "plot_predicted_vs_measured", "plot_attention_io", "plot_attention_terms",
@@ -24,9 +24,9 @@ __all__ = ["EXPLORABLES", "plot_roofline", "plot_published", "plot_fusion_bytes"
 #: 40 heads, d_ff = 4 d_model; the explorable decodes with it in 16-bit (2 bytes per value)
 OPT13B = BlockConfig(d_model=5120, n_heads=40, d_ff=20480, causal=True)
 OPT13B_LAYERS = 40
-DECODE_CONTROLS = {"batch": [1, 8, 64, 256],
-                   "context": [512, 4096, 32768],
-                   "gpu": ["A100 SXM 80GB", "H100 SXM", "H200 SXM"]}
+DECODE_CONTROLS = {"batch": control("batch size (sequences)", [1, 8, 64, 256]),
+                   "context": control("context length (tokens)", [512, 4096, 32768]),
+                   "gpu": control("GPU model", ["A100 SXM 80GB", "H100 SXM", "H200 SXM"])}
 _I_LIM = (0.05, 3000.0)
 
 

@@ -14,7 +14,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from .. import quant
-from ..viz import PALETTE
+from ..viz import PALETTE, control
 from .precision import Table
 
 __all__ = ["plot_bits_error", "plot_accumulators", "plot_op_errors", "plot_outlier_channels",
@@ -272,7 +272,7 @@ def activation_error_alt(bits=8, granularity="per token", outlier=8):
 
 
 EXPLORABLES = {
-    "activation_error": (plot_activation_error, {"bits": [4, 8],
-                                                 "granularity": _GRANULARITIES,
-                                                 "outlier": [1, 8, 64]}),
+    "activation_error": (plot_activation_error, {"bits": control("bit width", [4, 8]),
+                                                 "granularity": control("scale granularity", _GRANULARITIES),
+                                                 "outlier": control("outlier channel scale", [1, 8, 64])}),
 }

@@ -31,7 +31,7 @@ from ..ops import layer_norm_backward, layer_norm_forward, rms_norm_backward, rm
 from ..ops.rope import rope_frequencies
 from ..pretrained import RECIPE, split_ids
 from ..resources import data_path
-from ..viz import PALETTE
+from ..viz import PALETTE, control
 from ..xiong import load_corpus
 
 __all__ = [
@@ -378,8 +378,9 @@ def plot_loss_by_position(curves, trained_len=64) -> Figure:
 
 
 EXPLORABLES = {
-    "training_curves": (plot_training_curves, {"window": [1, 25, 100]}),
-    "rope_scores": (plot_rope_scores, {"theta": [100.0, 1000.0, 10000.0, 500000.0],
-                                       "d_head": [8, 16, 64]}),
-    "kv_bytes": (plot_kv_bytes, {"d_model": [2048, 4096, 8192], "context": [1024, 4096, 32768]}),
+    "training_curves": (plot_training_curves, {"window": control("smoothing window (steps)", [1, 25, 100])}),
+    "rope_scores": (plot_rope_scores, {"theta": control("RoPE base theta", [100.0, 1000.0, 10000.0, 500000.0]),
+                                       "d_head": control("head width d_head", [8, 16, 64])}),
+    "kv_bytes": (plot_kv_bytes, {"d_model": control("model width d_model", [2048, 4096, 8192]),
+                                 "context": control("context length (tokens)", [1024, 4096, 32768])}),
 }

@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from .. import numerics
-from ..viz import PALETTE
+from ..viz import PALETTE, control
 
 __all__ = ["Table", "plot_number_line", "plot_softmax_overflow", "plot_layernorm_thresholds",
            "plot_overflow_map", "overflow_map_alt", "plot_stream_growth", "plot_loss_scale_window",
@@ -217,7 +217,7 @@ def plot_dynamic_scaling(run, grad_rms):
 
 
 EXPLORABLES = {
-    "overflow_map": (plot_overflow_map, {"dtype": list(numerics.GRID_DTYPES),
-                                         "policy": list(numerics.GRID_POLICIES),
-                                         "d": list(numerics.GRID_D)}),
+    "overflow_map": (plot_overflow_map, {"dtype": control("number format", numerics.GRID_DTYPES),
+                                         "policy": control("precision policy", numerics.GRID_POLICIES),
+                                         "d": control("model width d", numerics.GRID_D)}),
 }

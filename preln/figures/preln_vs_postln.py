@@ -10,7 +10,7 @@ import json
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..viz import PALETTE
+from ..viz import PALETTE, control
 from ..xiong import DATA_DIR, PAPER_FIG3A, lemma2_bounds
 
 SWEEP_DIR = DATA_DIR / "preln_vs_postln"
@@ -242,7 +242,10 @@ def plot_final_loss():
 
 
 EXPLORABLES = {
-    "training_curves": (plot_training, {"depth": [2, 6], "lr": [1e-3, 3e-3, 1e-2], "seed": [0, 1]}),
-    "gradients_at_init": (plot_theory_grid, {"depth": [6, 12, 18, 24], "width": [16, 32, 64]}),
+    "training_curves": (plot_training, {"depth": control("blocks in the trained stacks", [2, 6]),
+                                        "lr": control("peak learning rate", [1e-3, 3e-3, 1e-2]),
+                                        "seed": control("training seed", [0, 1])}),
+    "gradients_at_init": (plot_theory_grid, {"depth": control("blocks in the stack at initialisation", [6, 12, 18, 24]),
+                                            "width": control("model width d", [16, 32, 64])}),
 }
 ALTS = {"training_curves": alt_training, "gradients_at_init": alt_theory_grid}

@@ -13,21 +13,24 @@ import numpy as np
 
 from ..config import BlockConfig
 from ..shapes import closed_form_flops, format_bytes, format_count, shape_flow
-from ..viz import PALETTE
+from ..viz import PALETTE, control
 
 __all__ = ["EXPLORABLES", "plot_ops", "ops_alt", "plot_flops_split", "flops_split_alt",
            "shape_table_html", "backward_table_html", "kept_per_token_html", "live_shape_table",
            "plot_flops_vs_size", "plot_timings", "plot_peak_memory"]
 
 #: the explorable over the op-by-op costs: B = 1, F = 4 D
-OPS_CONTROLS = {"S": [128, 1024, 8192], "D": [64, 256, 1024], "H": [1, 4, 16]}
+OPS_CONTROLS = {"S": control("sequence length S", [128, 1024, 8192]),
+                "D": control("model width D", [64, 256, 1024]),
+                "H": control("number of heads H", [1, 4, 16])}
 OPS_B = 1
 #: fixed axis limits, so that moving a control moves the bars, not the axes
 _FLOPS_LIM = (1e3, 1e12)
 _BYTES_LIM = (1e3, 1e10)
 
 #: the explorable over the FLOP split against S
-SPLIT_CONTROLS = {"D": [64, 256, 1024], "ratio": [2, 4, 8]}
+SPLIT_CONTROLS = {"D": control("width D of the projections", [64, 256, 1024]),
+                  "ratio": control("MLP ratio F/D", [2, 4, 8])}
 SPLIT_S = np.unique(np.logspace(4, 16, 49, base=2).round().astype(int))   # 16 .. 65536
 
 

@@ -1,0 +1,161 @@
+"""The PDF edition (`make pdf`, scripts/make_pdf.py): the whole book, readable offline.
+
+Its text (extracted with pypdf) holds every chapter's title and every figure caption of the site,
+the explorables' captions with the settings of the frame printed, and no navigation; each chapter
+has a bookmark and starts a page; formulas are typeset (no TeX source left) and the figures are
+there. Pages come from _toc.yml.
+"""
+from __future__ import annotations
+
+import html
+import re
+import unicodedata
+from functools import lru_cache
+
+import pytest
+import yaml
+
+from tests.book_toc import toc_files
+from tests.browser.browser_checks import sitebrowser
+from tests.browser.conftest import IN_CI
+
+pytestmark = pytest.mark.browser
+
+PDF = sitebrowser.ROOT / "_build" / "pdf" / "preln-book.pdf"
+IN_SITE = sitebrowser.SITE / "preln-book.pdf"
+BOOK_TITLE = yaml.safe_load((sitebrowser.ROOT / "_config.yml").read_text())["title"]
+NAVIGATION = ["Skip to main content", "Ctrl+K", "Color mode", "previous page", "next page"]
+TEX_LEFT = ["$$", "\\frac", "\\mathrm", "\\begin{", "\\("]
+
+
+def _norm(text: str) -> str:
+    """For matching what a PDF's text layer says: NFKC (ligatures), no whitespace at all, lower case."""
+    return re.sub(r"\s+", "", unicodedata.normalize("NFKC", text)).replace("\u00ad", "").casefold()
+
+
+def _strip_tags(fragment: str) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", " ", fragment)).replace("#", " ").strip()
+
+
+def _prose(fragment: str, shortest: int = 12) -> list[str]:
+    """The runs of plain text of an HTML fragment between its formulas (a PDF holds MathJax's
+    glyphs, not the TeX), those of at least ``shortest`` characters."""
+    parts = re.split(r'<span class="math[^"]*">.*?</span>', fragment, flags=re.S)
+    return [t for t in (" ".join(_strip_tags(p).split()) for p in parts) if len(t) >= shortest]
+
+
+@lru_cache(maxsize=None)
+def _site_page(name: str) -> str:
+    return (sitebrowser.SITE / f"{name}.html").read_text(encoding="utf-8")
+
+
+def _article(name: str) -> str:
+    page = _site_page(name)
+    a, b = page.find('<article class="bd-article">'), page.find("</article>")
+    return page[a:b] if a >= 0 and b > a else page
+
+
+def _chapter_title(name: str) -> str:
+    m = re.search(r"<h1[^>]*>(.*?)</h1>", _article(name), re.S)
+    return " ".join(_strip_tags(m.group(1)).split()) if m else ""
+
+
+@lru_cache(maxsize=None)
+def _pdf():
+    if not PDF.is_file():
+        if IN_CI:
+            pytest.fail(f"{PDF} is missing: `make test-site` runs `make pdf` first", pytrace=False)
+        pytest.skip(f"{PDF} is missing: run `make pdf`")
+    from pypdf import PdfReader
+
+    reader = PdfReader(str(PDF))
+    texts = [page.extract_text() or "" for page in reader.pages]
+    return reader, texts
+
+
+def test_the_site_publishes_the_pdf():
+    _pdf()
+    assert IN_SITE.is_file() and IN_SITE.read_bytes() == PDF.read_bytes(), \
+        f"{IN_SITE} (linked from the Course page) is not the PDF make pdf wrote"
+    assert 'href="../preln-book.pdf"' in _site_page("book/course"), "the Course page does not link the PDF"
+
+
+def _header(text: str) -> str:
+    """A page's running header as make_pdf prints it: the page's <title>, "<chapter> — <book>"."""
+    book = _norm(BOOK_TITLE)
+    return next((_norm(line) for line in text.splitlines() if _norm(line).endswith("—" + book)), "")
+
+
+def test_every_chapter_has_a_bookmark_and_starts_a_page():
+    reader, texts = _pdf()
+    top = [(item.title, reader.get_destination_page_number(item)) for item in reader.outline
+           if not isinstance(item, list)]
+    titles = {_norm(t): p for t, p in top}
+    assert len(top) == len(toc_files()), f"{len(toc_files())} chapters, {len(top)} top-level bookmarks"
+    for name in toc_files():
+        title = _chapter_title(name)
+        assert title, f"{name}: no <h1> in the built page"
+        assert _norm(title) in titles, f"{name}: no bookmark {title!r} in the PDF's outline ({[t for t, _ in top]})"
+        at = titles[_norm(title)]
+        assert _norm(texts[at]).startswith(_norm(title)), \
+            f"{name}: the bookmark leads to page {at + 1}, which does not open with the title {title!r}"
+        assert _header(texts[at]).startswith(_norm(title)), f"{name}: page {at + 1} has another running header"
+        assert at == 0 or _header(texts[at - 1]) != _header(texts[at]), \
+            f"{name}: the chapter does not start a page (page {at} belongs to it too)"
+    assert len(reader.pages) > 2 * len(toc_files())
+
+
+def test_figure_captions_and_explorable_settings_are_printed():
+    _, texts = _pdf()
+    book = _norm(" ".join(texts))
+    missing, n = [], 0
+    for name in toc_files():
+        article = _article(name)
+        for caption in re.findall(r"<figcaption[^>]*>(.*?)</figcaption>", article, re.S):
+            n += 1
+            missing += [f"{name}: {text[:90]!r}" for text in _prose(caption) if _norm(text) not in book]
+        for settings in re.findall(r'<span class="preln-explorable-settings">(.*?)</span>', article, re.S):
+            n += 1
+            if _norm(_strip_tags(settings)) not in book:
+                missing.append(f"{name}: explorable settings {settings[:90]!r}")
+    assert n >= 10, f"only {n} captions found in the built site"
+    assert not missing, f"{len(missing)} of {n} captions are not in the PDF:\n  " + "\n  ".join(missing)
+
+
+def test_dropdowns_print_open_and_navigation_does_not():
+    _, texts = _pdf()
+    book = _norm(" ".join(texts))
+    for word in NAVIGATION:
+        assert _norm(word) not in book, f"the PDF prints the site's navigation ({word!r})"
+    n = 0
+    for name in toc_files():
+        article = _article(name)
+        # <details> dropdowns (sphinx-design; not myst-nb's hidden code cells, details.hide) and
+        # sphinx-togglebutton's dropdown admonitions (the exercises' solutions): the first words
+        # of each body
+        bodies = re.findall(r'<details class="(?![^"]*\bhide\b)[^"]*"[^>]*>.*?</summary>(.*?)</details>', article, re.S)
+        bodies += re.findall(r'<div class="[^"]*\bdropdown\b[^"]*">\s*<p class="admonition-title">.*?</p>(.*?)</div>',
+                             article, re.S)
+        for body in bodies:
+            # the prose of its paragraphs (code blocks print as wrapped, highlighted lines)
+            runs = [r for para in re.findall(r"<p>(.*?)</p>", body, re.S) for r in _prose(para, shortest=20)]
+            if runs:
+                n += 1
+                assert _norm(runs[0]) in book, f"{name}: a dropdown's content is not printed: {runs[0][:80]!r}"
+    assert n, "no dropdown found in the site (the exercises' solutions are dropdowns)"
+
+
+def test_math_is_typeset_and_figures_are_present():
+    reader, texts = _pdf()
+    book = " ".join(texts)
+    left = [t for t in TEX_LEFT if t in book]
+    assert not left, f"TeX source left in the PDF (untypeset math): {left}"
+    n_images = 0
+    for page in reader.pages:
+        xobjects = (page.get("/Resources") or {}).get("/XObject") or {}
+        n_images += sum(1 for x in xobjects.values() if x.get_object().get("/Subtype") == "/Image")
+    # raster images (an SVG, the intro's block diagram, is printed as vector paths)
+    expected = sum(len(re.findall(r'<img\s[^>]*src="[^"]+\.(?:png|jpe?g|gif|webp)"', _article(name)))
+                   for name in toc_files())
+    assert expected >= 10, f"only {expected} raster images in the site's chapters"
+    assert n_images >= expected, f"{expected} images in the site's chapters, {n_images} in the PDF"
