@@ -86,7 +86,7 @@ def test_honest_work_full_marks_cheats_zero(graded):
     assert all(d[s]["total"] == d[s]["possible"] == "20" for s in ("alice", "kim", "liam", "sam", "victor"))
     assert all(d[s]["total"] == "0" for s in ("mallory", "nina", "oscar", "peggy", "judy"))
     i = rows(graded["out"] / "int8.csv")
-    assert all(i[s]["total"] == i[s]["possible"] == "22" for s in ("alice", "kim", "liam"))
+    assert all(i[s]["total"] == i[s]["possible"] == "31" for s in ("alice", "kim", "liam"))   # 7 questions
     assert all(i[s]["total"] == "0" for s in ("mallory", "oscar", "peggy", "judy"))
     assert i["wendy"]["q3_int8_linear"] == "0"          # quantised in float64, cast at the end
 

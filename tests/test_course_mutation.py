@@ -1,7 +1,7 @@
 """The course edition, slow part 3 (`make test-course`): each assignment's hidden checks catch at
 least 90 % of the mutants of its solutions (scripts/course/mutate.py; `make mutation` prints the
-table), and every plausible wrong answer of derivation_ops and int8 loses its question — evaluated
-exactly as the grader evaluates (scripts/course/checks.py), in this process."""
+table), and every plausible wrong answer of derivation_ops, int8, modern_block and inference loses its
+question — evaluated exactly as the grader evaluates (scripts/course/checks.py), in this process."""
 import sys
 from pathlib import Path
 
@@ -180,6 +180,143 @@ INT8_WRONG = {
     qw, sw = quantize_absmax(w.astype(np.float32), per_row=True)
     return int8_matmul(qx, qw).astype(np.float32) * (sx * sw.T) + b.astype(np.float32)""",
     },
+    "q6": {
+        "the range not stretched to hold 0": """def rtn_groups(w, bits=4, group_size=None):
+    M, K = w.shape
+    g = K if group_size is None else group_size
+    wg = w.reshape(M, K // g, g)
+    lo, hi = wg.min(axis=-1), wg.max(axis=-1)
+    scale = np.where(hi > lo, (hi - lo) / (2 ** bits - 1), 1.0)
+    zero = np.rint(-lo / scale)
+    q = np.clip(np.rint(wg / scale[..., None]) + zero[..., None], 0, 2 ** bits - 1)
+    return q.reshape(M, K).astype(np.int64), scale, zero""",
+        "2^b levels apart instead of 2^b - 1": """def rtn_groups(w, bits=4, group_size=None):
+    M, K = w.shape
+    g = K if group_size is None else group_size
+    wg = w.reshape(M, K // g, g)
+    lo = np.minimum(wg.min(axis=-1), 0.0)
+    hi = np.maximum(wg.max(axis=-1), 0.0)
+    scale = np.where(hi > lo, (hi - lo) / 2 ** bits, 1.0)
+    zero = np.rint(-lo / scale)
+    q = np.clip(np.rint(wg / scale[..., None]) + zero[..., None], 0, 2 ** bits - 1)
+    return q.reshape(M, K).astype(np.int64), scale, zero""",
+        "the zero point floored": """def rtn_groups(w, bits=4, group_size=None):
+    M, K = w.shape
+    g = K if group_size is None else group_size
+    wg = w.reshape(M, K // g, g)
+    lo = np.minimum(wg.min(axis=-1), 0.0)
+    hi = np.maximum(wg.max(axis=-1), 0.0)
+    scale = np.where(hi > lo, (hi - lo) / (2 ** bits - 1), 1.0)
+    zero = np.floor(-lo / scale)
+    q = np.clip(np.rint(wg / scale[..., None]) + zero[..., None], 0, 2 ** bits - 1)
+    return q.reshape(M, K).astype(np.int64), scale, zero""",
+        "groups of strided columns (j, j + K/g, ...) instead of consecutive ones": """def rtn_groups(w, bits=4, group_size=None):
+    M, K = w.shape
+    g = K if group_size is None else group_size
+    wg = w.reshape(M, g, K // g).swapaxes(1, 2)                   # (M, groups, g), strided
+    lo = np.minimum(wg.min(axis=-1), 0.0)
+    hi = np.maximum(wg.max(axis=-1), 0.0)
+    scale = np.where(hi > lo, (hi - lo) / (2 ** bits - 1), 1.0)
+    zero = np.rint(-lo / scale)
+    q = np.clip(np.rint(wg / scale[..., None]) + zero[..., None], 0, 2 ** bits - 1)
+    return q.swapaxes(1, 2).reshape(M, K).astype(np.int64), scale, zero""",
+        "no clamp": """def rtn_groups(w, bits=4, group_size=None):
+    M, K = w.shape
+    g = K if group_size is None else group_size
+    wg = w.reshape(M, K // g, g)
+    lo = np.minimum(wg.min(axis=-1), 0.0)
+    hi = np.maximum(wg.max(axis=-1), 0.0)
+    scale = np.where(hi > lo, (hi - lo) / (2 ** bits - 1), 1.0)
+    zero = np.rint(-lo / scale)
+    q = np.rint(wg / scale[..., None]) + zero[..., None]
+    return q.reshape(M, K).astype(np.int64), scale, zero""",
+        "no guard for a group of zeros (S = 0)": """def rtn_groups(w, bits=4, group_size=None):
+    M, K = w.shape
+    g = K if group_size is None else group_size
+    wg = w.reshape(M, K // g, g)
+    lo = np.minimum(wg.min(axis=-1), 0.0)
+    hi = np.maximum(wg.max(axis=-1), 0.0)
+    scale = (hi - lo) / (2 ** bits - 1)
+    with np.errstate(all="ignore"):
+        zero = np.rint(-lo / scale)
+        q = np.clip(np.rint(wg / scale[..., None]) + zero[..., None], 0, 2 ** bits - 1)
+    return np.nan_to_num(q).reshape(M, K).astype(np.int64), scale, zero""",
+        "calls preln": """from preln.groupquant import rtn as _rtn
+def rtn_groups(w, bits=4, group_size=None):
+    r = _rtn(w, bits=bits, group_size=group_size)
+    return r.q.astype(np.int64), r.scale, r.zero""",
+    },
+    "q7": {
+        "no error feedback (round to nearest)": """def gptq_quantize(w, x, bits=4, damp=0.01):
+    q, scale, zero = rtn_groups(w, bits)
+    return scale * (q - zero)""",
+        "the error not divided by U_ii": """def gptq_quantize(w, x, bits=4, damp=0.01):
+    _, scale, zero = rtn_groups(w, bits)
+    h = x.T @ x
+    h = h + damp * np.mean(np.diag(h)) * np.eye(len(h))
+    u = np.linalg.cholesky(np.linalg.inv(h)).T
+    w = w.copy()
+    w_hat = np.zeros_like(w)
+    for i in range(w.shape[1]):
+        q = np.clip(np.rint(w[:, i] / scale[:, 0]) + zero[:, 0], 0, 2 ** bits - 1)
+        w_hat[:, i] = scale[:, 0] * (q - zero[:, 0])
+        e = w[:, i] - w_hat[:, i]
+        w[:, i:] -= np.outer(e, u[i, i:])
+    return w_hat""",
+        "the Cholesky factor of H instead of H^-1": """def gptq_quantize(w, x, bits=4, damp=0.01):
+    _, scale, zero = rtn_groups(w, bits)
+    h = x.T @ x
+    h = h + damp * np.mean(np.diag(h)) * np.eye(len(h))
+    u = np.linalg.cholesky(h).T
+    w = w.copy()
+    w_hat = np.zeros_like(w)
+    for i in range(w.shape[1]):
+        q = np.clip(np.rint(w[:, i] / scale[:, 0]) + zero[:, 0], 0, 2 ** bits - 1)
+        w_hat[:, i] = scale[:, 0] * (q - zero[:, 0])
+        e = (w[:, i] - w_hat[:, i]) / u[i, i]
+        w[:, i:] -= np.outer(e, u[i, i:])
+    return w_hat""",
+        "absolute damping (lambda I, not relative to mean diag H)": """def gptq_quantize(w, x, bits=4, damp=0.01):
+    _, scale, zero = rtn_groups(w, bits)
+    h = x.T @ x + damp * np.eye(x.shape[1])
+    u = np.linalg.cholesky(np.linalg.inv(h)).T
+    w = w.copy()
+    w_hat = np.zeros_like(w)
+    for i in range(w.shape[1]):
+        q = np.clip(np.rint(w[:, i] / scale[:, 0]) + zero[:, 0], 0, 2 ** bits - 1)
+        w_hat[:, i] = scale[:, 0] * (q - zero[:, 0])
+        e = (w[:, i] - w_hat[:, i]) / u[i, i]
+        w[:, i:] -= np.outer(e, u[i, i:])
+    return w_hat""",
+        "the grid recomputed from each updated column": """def gptq_quantize(w, x, bits=4, damp=0.01):
+    h = x.T @ x
+    h = h + damp * np.mean(np.diag(h)) * np.eye(len(h))
+    u = np.linalg.cholesky(np.linalg.inv(h)).T
+    w = w.copy()
+    w_hat = np.zeros_like(w)
+    for i in range(w.shape[1]):
+        _, scale, zero = rtn_groups(w, bits)
+        q = np.clip(np.rint(w[:, i] / scale[:, 0]) + zero[:, 0], 0, 2 ** bits - 1)
+        w_hat[:, i] = scale[:, 0] * (q - zero[:, 0])
+        e = (w[:, i] - w_hat[:, i]) / u[i, i]
+        w[:, i:] -= np.outer(e, u[i, i:])
+    return w_hat""",
+        "updates w in place (no copy)": """def gptq_quantize(w, x, bits=4, damp=0.01):
+    _, scale, zero = rtn_groups(w, bits)
+    h = x.T @ x
+    h = h + damp * np.mean(np.diag(h)) * np.eye(len(h))
+    u = np.linalg.cholesky(np.linalg.inv(h)).T
+    w_hat = np.zeros_like(w)
+    for i in range(w.shape[1]):
+        q = np.clip(np.rint(w[:, i] / scale[:, 0]) + zero[:, 0], 0, 2 ** bits - 1)
+        w_hat[:, i] = scale[:, 0] * (q - zero[:, 0])
+        e = (w[:, i] - w_hat[:, i]) / u[i, i]
+        w[:, i:] -= np.outer(e, u[i, i:])
+    return w_hat""",
+        "calls preln": """from preln.gptq import gptq as _gptq
+def gptq_quantize(w, x, bits=4, damp=0.01):
+    return _gptq(w, x, bits=bits, damp=damp).dequantize()""",
+    },
 }
 INT8_RIGHT = {
     "q1": {"amax * (1 / 127), one ulp from amax / 127": """def quantize_absmax(x, per_row=False, scale=None):
@@ -190,6 +327,538 @@ INT8_RIGHT = {
         scale = np.where(amax > 0, amax * (1 / 127), 1).astype(ft)
     scale = np.asarray(scale, dtype=ft)
     return np.clip(np.rint(xs / scale), -QMAX, QMAX).astype(np.int8), scale"""},
+    "q6": {"S = (h - l) * (1 / (2^b - 1)), a loop over the groups": """def rtn_groups(w, bits=4, group_size=None):
+    M, K = w.shape
+    g = K if group_size is None else group_size
+    q = np.empty((M, K), dtype=np.int32)
+    scale, zero = np.empty((M, K // g)), np.empty((M, K // g))
+    top = 2 ** bits - 1
+    for m in range(M):
+        for j in range(K // g):
+            grp = w[m, j * g:(j + 1) * g]
+            lo, hi = min(grp.min(), 0.0), max(grp.max(), 0.0)
+            s = (hi - lo) * (1 / top) if hi > lo else 1.0
+            z = np.rint(-lo / s)
+            scale[m, j], zero[m, j] = s, z
+            q[m, j * g:(j + 1) * g] = np.clip(np.rint(grp / s) + z, 0, top)
+    return q, scale, zero"""},
+    "q7": {"the OBS step from the inverse Hessian, re-inverted after each column": """def gptq_quantize(w, x, bits=4, damp=0.01):
+    _, scale, zero = rtn_groups(w, bits)
+    h = x.T @ x
+    h = h + damp * np.mean(np.diag(h)) * np.eye(len(h))
+    w = w.copy()
+    w_hat = np.zeros_like(w)
+    K = w.shape[1]
+    for i in range(K):
+        h_inv = np.linalg.inv(h[i:, i:])                          # the columns not yet quantised
+        q = np.clip(np.rint(w[:, i] / scale[:, 0]) + zero[:, 0], 0, 2 ** bits - 1)
+        w_hat[:, i] = scale[:, 0] * (q - zero[:, 0])
+        w[:, i:] -= np.outer((w[:, i] - w_hat[:, i]) / h_inv[0, 0], h_inv[0])
+    return w_hat"""},
+}
+
+
+#: modern_block's plausible mistakes (issue 18.5): each loses its question
+MODERN_WRONG = {
+    "q1": {
+        "eps outside the square root": """def rms_norm_forward(x, gamma, eps=1e-6):
+    ct = np.result_type(x.dtype, np.float32)
+    xc = x.astype(ct)
+    return (xc / (np.sqrt((xc * xc).mean(axis=-1, keepdims=True)) + eps) * gamma).astype(x.dtype)""",
+        "subtracting the mean (LayerNorm without a bias)": """def rms_norm_forward(x, gamma, eps=1e-6):
+    ct = np.result_type(x.dtype, np.float32)
+    xc = x.astype(ct)
+    xc = xc - xc.mean(axis=-1, keepdims=True)
+    return (xc / np.sqrt((xc * xc).mean(axis=-1, keepdims=True) + eps) * gamma).astype(x.dtype)""",
+        "statistics in float16 (no float32 upcast)": """def rms_norm_forward(x, gamma, eps=1e-6):
+    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * gamma""",
+        "calls preln": """from preln.ops import rms_norm_forward as _rms
+def rms_norm_forward(x, gamma, eps=1e-6):
+    return _rms(x, gamma, eps)[0]""",
+    },
+    "q2": {
+        "LayerNorm's backward (an extra - mean(g) term)": """def rms_norm_backward(dy, x, gamma, eps=1e-6):
+    rrms = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
+    xhat = x * rrms
+    g = dy * gamma
+    dx = rrms * (g - g.mean(axis=-1, keepdims=True) - xhat * (g * xhat).mean(axis=-1, keepdims=True))
+    return dx, (dy * xhat).sum(axis=tuple(range(x.ndim - 1)))""",
+        "dgamma over the first axis only": """def rms_norm_backward(dy, x, gamma, eps=1e-6):
+    rrms = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
+    xhat = x * rrms
+    g = dy * gamma
+    dx = rrms * (g - xhat * (g * xhat).mean(axis=-1, keepdims=True))
+    return dx, (dy * xhat).sum(axis=0)""",
+        "dx without the xhat term (rrms treated as a constant)": """def rms_norm_backward(dy, x, gamma, eps=1e-6):
+    rrms = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
+    return dy * gamma * rrms, (dy * x * rrms).sum(axis=tuple(range(x.ndim - 1)))""",
+    },
+    "q3": {
+        "interleaved pairs (2i, 2i + 1) instead of rotate-half": """def rope(x, positions, theta=10000.0):
+    d = x.shape[-1]
+    freqs = theta ** (-2.0 * np.arange(d // 2) / d)
+    angle = np.repeat(np.asarray(positions)[:, None] * freqs, 2, axis=-1)   # (S, d_h): w0 w0 w1 w1 ...
+    rotated = np.stack([-x[..., 1::2], x[..., 0::2]], axis=-1).reshape(x.shape)
+    return x * np.cos(angle) + rotated * np.sin(angle)""",
+        "wrong frequency exponent, theta^(-i/d_h)": """def rope(x, positions, theta=10000.0):
+    half = x.shape[-1] // 2
+    freqs = theta ** (-np.arange(half) / x.shape[-1])
+    angle = np.tile(np.asarray(positions)[:, None] * freqs, 2)
+    rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * np.cos(angle).astype(x.dtype) + rotated * np.sin(angle).astype(x.dtype)""",
+        "positions ignored (0 .. S-1)": """def rope(x, positions, theta=10000.0):
+    half = x.shape[-1] // 2
+    freqs = theta ** (-2.0 * np.arange(half) / x.shape[-1])
+    angle = np.tile(np.arange(x.shape[-2])[:, None] * freqs, 2)
+    rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * np.cos(angle).astype(x.dtype) + rotated * np.sin(angle).astype(x.dtype)""",
+        "angles in x's dtype (float32 for a float32 x)": """def rope(x, positions, theta=10000.0):
+    half = x.shape[-1] // 2
+    freqs = (theta ** (-2.0 * np.arange(half) / x.shape[-1])).astype(x.dtype)
+    angle = np.tile(np.asarray(positions).astype(x.dtype)[:, None] * freqs, 2)
+    rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * np.cos(angle) + rotated * np.sin(angle)""",
+        "rotate_half with the sign on the wrong half": """def rope(x, positions, theta=10000.0):
+    half = x.shape[-1] // 2
+    freqs = theta ** (-2.0 * np.arange(half) / x.shape[-1])
+    angle = np.tile(np.asarray(positions)[:, None] * freqs, 2)
+    rotated = np.concatenate([x[..., half:], -x[..., :half]], axis=-1)
+    return x * np.cos(angle).astype(x.dtype) + rotated * np.sin(angle).astype(x.dtype)""",
+    },
+    "q4": {
+        "sign flip (the forward rotation again)": """def rope_backward(dout, positions, theta=10000.0):
+    return rope(dout, positions, theta)""",
+        "sign flip on cos": """def rope_backward(dout, positions, theta=10000.0):
+    half = dout.shape[-1] // 2
+    angle = np.tile(np.asarray(positions)[:, None] * theta ** (-2.0 * np.arange(half) / dout.shape[-1]), 2)
+    rotated = np.concatenate([-dout[..., half:], dout[..., :half]], axis=-1)
+    return -dout * np.cos(angle) - rotated * np.sin(angle)""",
+    },
+    "q5": {
+        "SiLU derivative missing a term (sigma only)": """def silu_grad(a):
+    return expit(a)
+
+
+def swiglu_backward(dy, x, w_gate, w_up, w_down):
+    a, b = x @ w_gate.T, x @ w_up.T
+    s = a * expit(a)
+    dg = dy @ w_down
+    da, db = dg * b * silu_grad(a), dg * s
+    lead = tuple(range(x.ndim - 1))
+    return (da @ w_gate + db @ w_up, np.tensordot(da, x, axes=(lead, lead)),
+            np.tensordot(db, x, axes=(lead, lead)), np.tensordot(dy, s * b, axes=(lead, lead)))""",
+        "SiLU derivative missing a term (sigma + a sigma, no (1 - sigma))": """def silu_grad(a):
+    sig = expit(a)
+    return sig * (1 + a)
+
+
+def swiglu_backward(dy, x, w_gate, w_up, w_down):
+    a, b = x @ w_gate.T, x @ w_up.T
+    s = a * expit(a)
+    dg = dy @ w_down
+    da, db = dg * b * silu_grad(a), dg * s
+    lead = tuple(range(x.ndim - 1))
+    return (da @ w_gate + db @ w_up, np.tensordot(da, x, axes=(lead, lead)),
+            np.tensordot(db, x, axes=(lead, lead)), np.tensordot(dy, s * b, axes=(lead, lead)))""",
+        "dx missing the up-projection path": """def silu_grad(a):
+    sig = expit(a)
+    return sig * (1 + a * (1 - sig))
+
+
+def swiglu_backward(dy, x, w_gate, w_up, w_down):
+    a, b = x @ w_gate.T, x @ w_up.T
+    s = a * expit(a)
+    dg = dy @ w_down
+    da, db = dg * b * silu_grad(a), dg * s
+    lead = tuple(range(x.ndim - 1))
+    return (da @ w_gate, np.tensordot(da, x, axes=(lead, lead)),
+            np.tensordot(db, x, axes=(lead, lead)), np.tensordot(dy, s * b, axes=(lead, lead)))""",
+        "weight gradients that only work for 2-D x (da.T @ x)": """def silu_grad(a):
+    sig = expit(a)
+    return sig * (1 + a * (1 - sig))
+
+
+def swiglu_backward(dy, x, w_gate, w_up, w_down):
+    a, b = x @ w_gate.T, x @ w_up.T
+    s = a * expit(a)
+    dg = dy @ w_down
+    da, db = dg * b * silu_grad(a), dg * s
+    return da @ w_gate + db @ w_up, da.T @ x, db.T @ x, dy.T @ (s * b)""",
+    },
+    "q6": {
+        "head mapping h % H_kv instead of h // G (np.tile)": """def gqa_attention(q, k, v, causal=False):
+    H, H_kv, S = q.shape[1], k.shape[1], q.shape[2]
+    if H % H_kv:
+        raise ValueError(f"H_kv = {H_kv} does not divide H = {H}")
+    k, v = np.tile(k, (1, H // H_kv, 1, 1)), np.tile(v, (1, H // H_kv, 1, 1))
+    s = q @ k.swapaxes(-1, -2) / np.sqrt(q.shape[-1])
+    if causal:
+        s = np.where(np.triu(np.ones((S, S), dtype=bool), k=1), -np.inf, s)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    return p / p.sum(axis=-1, keepdims=True) @ v""",
+        "no max shift (overflows at large logits)": """def gqa_attention(q, k, v, causal=False):
+    H, H_kv, S = q.shape[1], k.shape[1], q.shape[2]
+    if H % H_kv:
+        raise ValueError(f"H_kv = {H_kv} does not divide H = {H}")
+    k, v = np.repeat(k, H // H_kv, axis=1), np.repeat(v, H // H_kv, axis=1)
+    s = q @ k.swapaxes(-1, -2) / np.sqrt(q.shape[-1])
+    if causal:
+        s = np.where(np.triu(np.ones((S, S), dtype=bool), k=1), -np.inf, s)
+    p = np.exp(s)
+    return p / p.sum(axis=-1, keepdims=True) @ v""",
+        "causal mask hides the diagonal": """def gqa_attention(q, k, v, causal=False):
+    H, H_kv, S = q.shape[1], k.shape[1], q.shape[2]
+    if H % H_kv:
+        raise ValueError(f"H_kv = {H_kv} does not divide H = {H}")
+    k, v = np.repeat(k, H // H_kv, axis=1), np.repeat(v, H // H_kv, axis=1)
+    s = q @ k.swapaxes(-1, -2) / np.sqrt(q.shape[-1])
+    if causal:
+        s = np.where(np.triu(np.ones((S, S), dtype=bool), k=0), -np.inf, s)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    p = np.nan_to_num(p)
+    return p / np.maximum(p.sum(axis=-1, keepdims=True), 1e-300) @ v""",
+        "calls preln's repeat_kv": """from preln.ops import repeat_kv
+def gqa_attention(q, k, v, causal=False):
+    H, H_kv, S = q.shape[1], k.shape[1], q.shape[2]
+    if H % H_kv:
+        raise ValueError(f"H_kv = {H_kv} does not divide H = {H}")
+    k, v = repeat_kv(k, H // H_kv), repeat_kv(v, H // H_kv)
+    s = q @ k.swapaxes(-1, -2) / np.sqrt(q.shape[-1])
+    if causal:
+        s = np.where(np.triu(np.ones((S, S), dtype=bool), k=1), -np.inf, s)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    return p / p.sum(axis=-1, keepdims=True) @ v""",
+    },
+    "q7": {
+        "dK/dV not summed over the group (averaged)": """def gqa_attention_backward(dout, q, k, v, causal=False):
+    B, H, S, dh = q.shape
+    G = H // k.shape[1]
+    kr, vr = np.repeat(k, G, axis=1), np.repeat(v, G, axis=1)
+    s = q @ kr.swapaxes(-1, -2) / np.sqrt(dh)
+    if causal:
+        s = np.where(np.triu(np.ones((S, S), dtype=bool), k=1), -np.inf, s)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    p = p / p.sum(axis=-1, keepdims=True)
+    dp = dout @ vr.swapaxes(-1, -2)
+    dz = p * (dp - (p * dp).sum(axis=-1, keepdims=True)) / np.sqrt(dh)
+    dk = (dz.swapaxes(-1, -2) @ q).reshape(B, H // G, G, S, dh).mean(axis=2)
+    dv = (p.swapaxes(-1, -2) @ dout).reshape(B, H // G, G, S, dh).mean(axis=2)
+    return dz @ kr, dk, dv""",
+        "dK/dV of the first query head of each group only": """def gqa_attention_backward(dout, q, k, v, causal=False):
+    B, H, S, dh = q.shape
+    G = H // k.shape[1]
+    kr, vr = np.repeat(k, G, axis=1), np.repeat(v, G, axis=1)
+    s = q @ kr.swapaxes(-1, -2) / np.sqrt(dh)
+    if causal:
+        s = np.where(np.triu(np.ones((S, S), dtype=bool), k=1), -np.inf, s)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    p = p / p.sum(axis=-1, keepdims=True)
+    dp = dout @ vr.swapaxes(-1, -2)
+    dz = p * (dp - (p * dp).sum(axis=-1, keepdims=True)) / np.sqrt(dh)
+    return dz @ kr, (dz.swapaxes(-1, -2) @ q)[:, ::G], (p.swapaxes(-1, -2) @ dout)[:, ::G]""",
+        "head mapping h % H_kv instead of h // G": """def gqa_attention_backward(dout, q, k, v, causal=False):
+    B, H, S, dh = q.shape
+    H_kv = k.shape[1]
+    G = H // H_kv
+    kr, vr = np.tile(k, (1, G, 1, 1)), np.tile(v, (1, G, 1, 1))
+    s = q @ kr.swapaxes(-1, -2) / np.sqrt(dh)
+    if causal:
+        s = np.where(np.triu(np.ones((S, S), dtype=bool), k=1), -np.inf, s)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    p = p / p.sum(axis=-1, keepdims=True)
+    dp = dout @ vr.swapaxes(-1, -2)
+    dz = p * (dp - (p * dp).sum(axis=-1, keepdims=True)) / np.sqrt(dh)
+    dk = (dz.swapaxes(-1, -2) @ q).reshape(B, G, H_kv, S, dh).sum(axis=1)
+    dv = (p.swapaxes(-1, -2) @ dout).reshape(B, G, H_kv, S, dh).sum(axis=1)
+    return dz @ kr, dk, dv""",
+        "no 1/sqrt(d_h) in dq and dk": """def gqa_attention_backward(dout, q, k, v, causal=False):
+    B, H, S, dh = q.shape
+    G = H // k.shape[1]
+    kr, vr = np.repeat(k, G, axis=1), np.repeat(v, G, axis=1)
+    s = q @ kr.swapaxes(-1, -2) / np.sqrt(dh)
+    if causal:
+        s = np.where(np.triu(np.ones((S, S), dtype=bool), k=1), -np.inf, s)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    p = p / p.sum(axis=-1, keepdims=True)
+    dp = dout @ vr.swapaxes(-1, -2)
+    dz = p * (dp - (p * dp).sum(axis=-1, keepdims=True))
+    dk = (dz.swapaxes(-1, -2) @ q).reshape(B, H // G, G, S, dh).sum(axis=2)
+    dv = (p.swapaxes(-1, -2) @ dout).reshape(B, H // G, G, S, dh).sum(axis=2)
+    return dz @ kr, dk, dv""",
+    },
+}
+#: correct modern_block answers in other styles than the solutions: each keeps its question
+MODERN_RIGHT = {
+    "q1": {"x * (mean + eps) ** -0.5, float32 by itemsize": """def rms_norm_forward(x, gamma, eps=1e-6):
+    xs = x.astype(np.float32) if x.dtype.itemsize < 4 else x
+    ms = np.einsum("...d,...d->...", xs, xs)[..., None] / xs.shape[-1]
+    return (xs * (ms + eps) ** -0.5 * gamma).astype(x.dtype)"""},
+    "q3": {"pairs as complex numbers rotated by exp(i p w)": """def rope(x, positions, theta=10000.0):
+    h = x.shape[-1] // 2
+    w = 1.0 / theta ** (np.arange(0, 2 * h, 2) / (2 * h))
+    z = (x[..., :h].astype(np.float64) + 1j * x[..., h:]) * np.exp(1j * np.outer(positions, w))
+    return np.concatenate([z.real, z.imag], axis=-1).astype(x.dtype)"""},
+    "q4": {"the forward at the negated positions": """def rope_backward(dout, positions, theta=10000.0):
+    return rope(dout, -np.asarray(positions), theta)"""},
+    "q6": {"a loop over the query heads": """def gqa_attention(q, k, v, causal=False):
+    B, H, S, dh = q.shape
+    if H % k.shape[1] != 0:
+        raise ValueError(f"n_kv_heads = {k.shape[1]} must divide n_heads = {H}")
+    G = H // k.shape[1]
+    out = np.empty_like(q)
+    for h in range(H):
+        s = np.einsum("bid,bjd->bij", q[:, h], k[:, h // G]) / np.sqrt(dh)
+        if causal:
+            s[:, np.triu_indices(S, 1)[0], np.triu_indices(S, 1)[1]] = -np.inf
+        e = np.exp(s - s.max(axis=-1, keepdims=True))
+        out[:, h] = np.einsum("bij,bjd->bid", e / e.sum(axis=-1, keepdims=True), v[:, h // G])
+    return out"""},
+    "q7": {"a loop over the query heads, accumulating dk and dv": """def gqa_attention_backward(dout, q, k, v, causal=False):
+    B, H, S, dh = q.shape
+    G = H // k.shape[1]
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    mask = np.triu(np.ones((S, S), dtype=bool), 1) if causal else np.zeros((S, S), dtype=bool)
+    for h in range(H):
+        j = h // G
+        s = np.where(mask, -np.inf, q[:, h] @ k[:, j].transpose(0, 2, 1) / np.sqrt(dh))
+        p = np.exp(s - s.max(axis=-1, keepdims=True))
+        p /= p.sum(axis=-1, keepdims=True)
+        dp = dout[:, h] @ v[:, j].transpose(0, 2, 1)
+        ds = p * (dp - np.einsum("bij,bij->bi", p, dp)[..., None])
+        dq[:, h] = ds @ k[:, j] / np.sqrt(dh)
+        dk[:, j] += ds.transpose(0, 2, 1) @ q[:, h] / np.sqrt(dh)
+        dv[:, j] += p.transpose(0, 2, 1) @ dout[:, h]
+    return dq, dk, dv"""},
+}
+
+
+#: inference's plausible mistakes (issue 17): each loses its question
+INFERENCE_WRONG = {
+    "q7": {
+        "the KV cache at full width (only the projections shrink)": """def gqa_decode_step_cost(cfg, n_layers, batch, context, n_kv_heads, itemsize=2):
+    D, F, H = cfg.d_model, cfg.d_ff, cfg.n_heads
+    if H % n_kv_heads:
+        raise ValueError(f"n_kv_heads: expected a divisor of n_heads = {H}; got {n_kv_heads}")
+    kv = n_kv_heads * (D // H)
+    matrices = 2 * D * D + 2 * D * kv + 2 * D * F
+    vectors = D + 2 * kv + D + F + D + 4 * D
+    flops = n_layers * batch * (2 * matrices + 4 * context * D)
+    nbytes = (n_layers * (matrices + vectors) + 2 * n_layers * batch * context * D) * itemsize
+    return flops, nbytes""",
+        "the projections at full width (only the cache shrinks)": """def gqa_decode_step_cost(cfg, n_layers, batch, context, n_kv_heads, itemsize=2):
+    D, F, H = cfg.d_model, cfg.d_ff, cfg.n_heads
+    if H % n_kv_heads:
+        raise ValueError(f"n_kv_heads: expected a divisor of n_heads = {H}; got {n_kv_heads}")
+    kv = n_kv_heads * (D // H)
+    matrices = 4 * D * D + 2 * D * F
+    vectors = 4 * D + F + D + 4 * D
+    flops = n_layers * batch * (2 * matrices + 4 * context * D)
+    nbytes = (n_layers * (matrices + vectors) + 2 * n_layers * batch * context * kv) * itemsize
+    return flops, nbytes""",
+        "attention FLOPs shrunk with the KV heads": """def gqa_decode_step_cost(cfg, n_layers, batch, context, n_kv_heads, itemsize=2):
+    D, F, H = cfg.d_model, cfg.d_ff, cfg.n_heads
+    if H % n_kv_heads:
+        raise ValueError(f"n_kv_heads: expected a divisor of n_heads = {H}; got {n_kv_heads}")
+    kv = n_kv_heads * (D // H)
+    matrices = 2 * D * D + 2 * D * kv + 2 * D * F
+    vectors = D + 2 * kv + D + F + D + 4 * D
+    flops = n_layers * batch * (2 * matrices + 4 * context * kv)
+    nbytes = (n_layers * (matrices + vectors) + 2 * n_layers * batch * context * kv) * itemsize
+    return flops, nbytes""",
+        "the k and v biases at full width": """def gqa_decode_step_cost(cfg, n_layers, batch, context, n_kv_heads, itemsize=2):
+    D, F, H = cfg.d_model, cfg.d_ff, cfg.n_heads
+    if H % n_kv_heads:
+        raise ValueError(f"n_kv_heads: expected a divisor of n_heads = {H}; got {n_kv_heads}")
+    kv = n_kv_heads * (D // H)
+    matrices = 2 * D * D + 2 * D * kv + 2 * D * F
+    vectors = 4 * D + F + D + 4 * D
+    flops = n_layers * batch * (2 * matrices + 4 * context * D)
+    nbytes = (n_layers * (matrices + vectors) + 2 * n_layers * batch * context * kv) * itemsize
+    return flops, nbytes""",
+        "no ValueError (n_kv_heads rounded down)": """def gqa_decode_step_cost(cfg, n_layers, batch, context, n_kv_heads, itemsize=2):
+    D, F, H = cfg.d_model, cfg.d_ff, cfg.n_heads
+    kv = n_kv_heads * (D // H)
+    matrices = 2 * D * D + 2 * D * kv + 2 * D * F
+    vectors = D + 2 * kv + D + F + D + 4 * D
+    flops = n_layers * batch * (2 * matrices + 4 * context * D)
+    nbytes = (n_layers * (matrices + vectors) + 2 * n_layers * batch * context * kv) * itemsize
+    return flops, nbytes""",
+        "calls preln": """from preln.inference import decode_cost as _dc
+def gqa_decode_step_cost(cfg, n_layers, batch, context, n_kv_heads, itemsize=2):
+    r = _dc(cfg, n_layers, batch, context, itemsize, n_kv_heads=n_kv_heads)
+    return r.flops, r.nbytes""",
+    },
+    "q8": {
+        "freed blocks pushed in order (the last block handed out first)": """def block_tables(events, n_blocks, block_size):
+    free = list(range(n_blocks - 1, -1, -1))
+    tables, lengths, refused = {}, {}, []
+    for i, (op, seq, n) in enumerate(events):
+        if op == "free":
+            free.extend(tables.pop(seq))
+            del lengths[seq]
+            continue
+        table = tables.setdefault(seq, [])
+        lengths.setdefault(seq, 0)
+        need = -(-(lengths[seq] + n) // block_size) - len(table)
+        if need > len(free):
+            refused.append(i)
+            continue
+        for _ in range(need):
+            table.append(free.pop())
+        lengths[seq] += n
+    return tables, refused""",
+        "the free blocks as a queue (freed blocks handed out last)": """def block_tables(events, n_blocks, block_size):
+    free = list(range(n_blocks))
+    tables, lengths, refused = {}, {}, []
+    for i, (op, seq, n) in enumerate(events):
+        if op == "free":
+            free.extend(tables.pop(seq))
+            del lengths[seq]
+            continue
+        table = tables.setdefault(seq, [])
+        lengths.setdefault(seq, 0)
+        need = -(-(lengths[seq] + n) // block_size) - len(table)
+        if need > len(free):
+            refused.append(i)
+            continue
+        for _ in range(need):
+            table.append(free.pop(0))
+        lengths[seq] += n
+    return tables, refused""",
+        "a partly filled last block not reused": """def block_tables(events, n_blocks, block_size):
+    free = list(range(n_blocks - 1, -1, -1))
+    tables, refused = {}, []
+    for i, (op, seq, n) in enumerate(events):
+        if op == "free":
+            free.extend(reversed(tables.pop(seq)))
+            continue
+        table = tables.setdefault(seq, [])
+        need = -(-n // block_size)
+        if need > len(free):
+            refused.append(i)
+            continue
+        for _ in range(need):
+            table.append(free.pop())
+    return tables, refused""",
+        "what fits is allocated on a refusal (not all or none)": """def block_tables(events, n_blocks, block_size):
+    free = list(range(n_blocks - 1, -1, -1))
+    tables, lengths, refused = {}, {}, []
+    for i, (op, seq, n) in enumerate(events):
+        if op == "free":
+            free.extend(reversed(tables.pop(seq)))
+            del lengths[seq]
+            continue
+        table = tables.setdefault(seq, [])
+        lengths.setdefault(seq, 0)
+        need = -(-(lengths[seq] + n) // block_size) - len(table)
+        if need > len(free):
+            refused.append(i)
+            table.extend(free.pop() for _ in range(len(free)))
+            continue
+        for _ in range(need):
+            table.append(free.pop())
+        lengths[seq] += n
+    return tables, refused""",
+        "the length grows on a refusal": """def block_tables(events, n_blocks, block_size):
+    free = list(range(n_blocks - 1, -1, -1))
+    tables, lengths, refused = {}, {}, []
+    for i, (op, seq, n) in enumerate(events):
+        if op == "free":
+            free.extend(reversed(tables.pop(seq)))
+            del lengths[seq]
+            continue
+        table = tables.setdefault(seq, [])
+        lengths.setdefault(seq, 0)
+        need = -(-(lengths[seq] + n) // block_size) - len(table)
+        lengths[seq] += n
+        if need > len(free):
+            refused.append(i)
+            continue
+        for _ in range(need):
+            table.append(free.pop())
+    return tables, refused""",
+        "a sequence refused at once left out of the tables": """def block_tables(events, n_blocks, block_size):
+    free = list(range(n_blocks - 1, -1, -1))
+    tables, lengths, refused = {}, {}, []
+    for i, (op, seq, n) in enumerate(events):
+        if op == "free":
+            free.extend(reversed(tables.pop(seq)))
+            del lengths[seq]
+            continue
+        need = -(-(lengths.get(seq, 0) + n) // block_size) - len(tables.get(seq, []))
+        if need > len(free):
+            refused.append(i)
+            continue
+        table = tables.setdefault(seq, [])
+        lengths.setdefault(seq, 0)
+        for _ in range(need):
+            table.append(free.pop())
+        lengths[seq] += n
+    return tables, refused""",
+        "a returning sequence keeps its old length": """def block_tables(events, n_blocks, block_size):
+    free = list(range(n_blocks - 1, -1, -1))
+    tables, lengths, refused = {}, {}, []
+    for i, (op, seq, n) in enumerate(events):
+        if op == "free":
+            free.extend(reversed(tables.pop(seq)))
+            continue
+        table = tables.setdefault(seq, [])
+        lengths.setdefault(seq, 0)
+        need = -(-(lengths[seq] + n) // block_size) - len(table)
+        if need > len(free):
+            refused.append(i)
+            continue
+        for _ in range(need):
+            table.append(free.pop())
+        lengths[seq] += n
+    return tables, refused""",
+        "calls preln": """from preln.paged import PagedKVCache as _Cache
+def block_tables(events, n_blocks, block_size):
+    cache, refused = _Cache(1, n_blocks, block_size, 1, 1), []
+    for i, (op, seq, n) in enumerate(events):
+        if op == "free":
+            cache.remove(seq)
+            continue
+        if seq not in cache.tables:
+            cache.add(seq)
+        try:
+            cache.reserve(seq, n)
+        except MemoryError:
+            refused.append(i)
+            continue
+        cache.commit(seq, n)
+    return {s: list(t) for s, t in cache.tables.items()}, refused""",
+    },
+}
+#: correct inference answers in other styles than the solutions: each keeps its question
+INFERENCE_RIGHT = {
+    "q7": {"question 2's count plus the difference of the K and V terms": """def gqa_decode_step_cost(cfg, n_layers, batch, context, n_kv_heads, itemsize=2):
+    D, H = cfg.d_model, cfg.n_heads
+    if n_kv_heads <= 0 or H % n_kv_heads != 0:
+        raise ValueError(f"n_kv_heads = {n_kv_heads} does not divide n_heads = {H}")
+    flops, nbytes = decode_step_cost(cfg, n_layers, batch, context, itemsize)
+    cut = D - n_kv_heads * (D // H)                      # what each of K and V loses per row
+    flops -= n_layers * batch * 2 * (2 * D * cut)
+    nbytes -= n_layers * (2 * D * cut + 2 * cut) * itemsize + 2 * n_layers * batch * context * cut * itemsize
+    return flops, nbytes"""},
+    "q8": {"a deque of free blocks, lengths kept only for sequences that got a block": """from collections import deque
+def block_tables(events, n_blocks, block_size):
+    free = deque(range(n_blocks))                        # left end: the next block handed out
+    tables, used, refused = {}, {}, []
+    for i, (op, seq, n) in enumerate(events):
+        if op == "free":
+            free.extendleft(reversed(tables.pop(seq)))
+            used.pop(seq, None)                          # its first grow may have been refused
+            continue
+        tables.setdefault(seq, [])
+        have = used.get(seq, 0)
+        more = (have + n + block_size - 1) // block_size - len(tables[seq])
+        if more > len(free):
+            refused.append(i)
+            continue
+        tables[seq] += [free.popleft() for _ in range(more)]
+        used[seq] = have + n
+    return tables, refused"""},
 }
 
 
@@ -201,12 +870,18 @@ def _plan(name):
 @pytest.mark.parametrize("name,key,label,right",
                          [("derivation_ops", q, w, False) for q, ws in WRONG_ANSWERS.items() for w in ws]
                          + [("int8", q, w, False) for q, ws in INT8_WRONG.items() for w in ws]
-                         + [("int8", q, w, True) for q, ws in INT8_RIGHT.items() for w in ws])
+                         + [("int8", q, w, True) for q, ws in INT8_RIGHT.items() for w in ws]
+                         + [("modern_block", q, w, False) for q, ws in MODERN_WRONG.items() for w in ws]
+                         + [("modern_block", q, w, True) for q, ws in MODERN_RIGHT.items() for w in ws]
+                         + [("inference", q, w, False) for q, ws in INFERENCE_WRONG.items() for w in ws]
+                         + [("inference", q, w, True) for q, ws in INFERENCE_RIGHT.items() for w in ws])
 def test_plausible_answers(name, key, label, right):
     plan = _plan(name)
     q = next(q for q in nbtools.questions(plan.nb) if q.key == key)
     assert mutate.run_question(plan, key, {}, MUTANT_TIMEOUT_S) is None          # the solution passes
-    table = (INT8_RIGHT if right else INT8_WRONG) if name == "int8" else WRONG_ANSWERS
+    table = {("derivation_ops", False): WRONG_ANSWERS, ("int8", False): INT8_WRONG, ("int8", True): INT8_RIGHT,
+             ("modern_block", False): MODERN_WRONG, ("modern_block", True): MODERN_RIGHT,
+             ("inference", False): INFERENCE_WRONG, ("inference", True): INFERENCE_RIGHT}[name, right]
     reason = mutate.run_question(plan, key, {q.answers[0]: table[key][label]}, MUTANT_TIMEOUT_S)
     if right:
         assert reason is None, f"{name} {key}: the correct answer '{label}' fails: {reason}"

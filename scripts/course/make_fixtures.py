@@ -44,7 +44,8 @@ book/running.md's threat model lists the attacks. derivation_ops:
           memory cap kills the run                                 -> failed (this row only)
   victor  the solutions, and a top-level infinite loop             -> the cell is skipped -> full marks
 
-int8: alice (solutions), kim (other styles: amax * (1 / 127), an int64 einsum, loops), liam
+int8: alice (solutions), kim (other styles: amax * (1 / 127), an int64 einsum, loops, GPTQ's
+step from a re-inverted Hessian instead of the Cholesky factor), liam
 (warnings on stderr), wendy (q3 quantised in float64 and cast at the end: the plausible mistake
 the float32 rounding-boundary input catches), judy, and mallory, oscar, peggy as above.
 """
@@ -374,6 +375,32 @@ INT8 = {
         xa, wa = float(x_absmax[j]), float(np.abs(w[:, j]).max())
         s.append(xa ** alpha / wa ** (1 - alpha) if xa > 0 and wa > 0 else 1.0)
     return np.array(s)''',
+        "q6_rtn_groups": '''def rtn_groups(w, bits=4, group_size=None):
+    M, K = w.shape
+    g = K if group_size is None else group_size
+    q = np.empty((M, K), dtype=np.int32)
+    scale, zero = np.empty((M, K // g)), np.empty((M, K // g))
+    top = 2 ** bits - 1
+    for m in range(M):                                 # one group at a time
+        for j in range(K // g):
+            grp = w[m, j * g:(j + 1) * g]
+            lo, hi = min(grp.min(), 0.0), max(grp.max(), 0.0)
+            s = (hi - lo) * (1 / top) if hi > lo else 1.0   # an ulp from (h - l) / top
+            z = np.rint(-lo / s)
+            scale[m, j], zero[m, j] = s, z
+            q[m, j * g:(j + 1) * g] = np.clip(np.rint(grp / s) + z, 0, top)
+    return q, scale, zero''',
+        "q7_gptq": '''def gptq_quantize(w, x, bits=4, damp=0.01):
+    _, scale, zero = rtn_groups(w, bits)
+    h = x.T @ x
+    h = h + damp * np.mean(np.diag(h)) * np.eye(len(h))
+    w, w_hat = w.copy(), np.zeros_like(w)
+    for i in range(w.shape[1]):                        # the OBS step, H re-inverted on the columns left
+        h_inv = np.linalg.inv(h[i:, i:])
+        q = np.clip(np.rint(w[:, i] / scale[:, 0]) + zero[:, 0], 0, 2 ** bits - 1)
+        w_hat[:, i] = scale[:, 0] * (q - zero[:, 0])
+        w[:, i:] -= np.outer((w[:, i] - w_hat[:, i]) / h_inv[0, 0], h_inv[0])
+    return w_hat''',
     },
     "liam": {
         "q4_smoothquant": '''def smooth_scales(x_absmax, w, alpha=0.5):
@@ -451,6 +478,11 @@ def library_answers(name):
         "q2_int_matmul": "def int8_matmul(a, b):\n    return _find('preln.quant', 'int_matmul')(a, b)",
         "q3_int8_linear": "def int8_linear(x, w, b):\n"
                           "    return __import__('preln.quant', fromlist=['x']).QLinear(w, b, 'w8a8')(x)",
+        "q6_rtn_groups": "def rtn_groups(w, bits=4, group_size=None):\n"
+                         "    r = getattr(importlib.import_module('preln.groupquant'), 'r' + 'tn')(w, bits, group_size)\n"
+                         "    return r.q, r.scale, r.zero",
+        "q7_gptq": "def gptq_quantize(w, x, bits=4, damp=0.01):\n"
+                   "    return _find('preln.gptq', 'gptq')(w, x, bits=bits, damp=damp).dequantize()",
     }
 
 
