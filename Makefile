@@ -7,7 +7,7 @@
 #                        under four OpenBLAS kernels (NB_KERNELS=default for a single quick run)
 #   make test-notebooks-busy  the same while two CPU-bound processes keep both cores busy
 #   make test-learner    what a learner does: the wheel in fresh venvs outside the checkout, each chapter
-#                        alone in an empty folder (Colab-like), every chapter from book/ in Binder's env
+#                        alone in an empty folder (Colab-like), Binder's env (imports, one chapter)
 #   make test-site       build the site and its PDF, then drive every page with headless Chromium
 #                        (axe-core in light and dark mode, 320 px reflow, explorables, the PDF)
 #   make pdf             the whole book as one PDF (headless Chromium): _build/pdf/preln-book.pdf,
@@ -170,8 +170,9 @@ lab: install
 # Issue 15: what a learner does, on this checkout (scripts/learner_check.py says each step). The wheel,
 # built from the checkout, in fresh venvs in a temporary folder outside it: `pip install <wheel>` +
 # `python -m preln`; each chapter and one assignment alone in an empty folder of a Colab-like venv (numpy,
-# scipy, matplotlib, ipywidgets, ipykernel), its first cell installing preln from PRELN_INSTALL; every
-# chapter executed from book/ in a venv built from binder/. Two notebooks at a time; executed copies and
+# scipy, matplotlib, ipywidgets, ipykernel), its first cell installing preln from PRELN_INSTALL; in a
+# venv built from binder/, every chapter's imports and one chapter from book/ (LEARNER_ARGS=--binder-all:
+# all of them). Two notebooks at a time; executed copies and
 # logs in _build/learner/ (the notebooks themselves are never written). LEARNER_ARGS: e.g. --only binder.
 test-learner: install
 	$(ONE_THREAD) $(BIN)/python scripts/learner_check.py $(LEARNER_ARGS)

@@ -15,8 +15,11 @@
            file://<wheel>", into it; the base is checked unchanged at the end.
 4. binder  A venv made as repo2docker makes one from binder/: binder/runtime.txt's Python,
            `pip install -r binder/requirements.txt` run in the checkout, plus ipykernel (repo2docker's
-           base environment has it). Every chapter is executed from book/, with nothing on PYTHONPATH;
-           preln must come from that install, and the bootstrap must stay silent.
+           base environment has it). Every module any chapter imports must import there (read from
+           the chapters' code cells), and BINDER_CHAPTERS are executed from book/, with nothing on
+           PYTHONPATH: preln must come from that install (the checkout, editable), the bootstrap must
+           stay silent. Every chapter was executed from book/ already by nbval (same pins, the
+           checkout's preln) and alone by the colab step; `--binder-all` executes them all here too.
 
 Every execution must finish without an error (nbclient stops at the first one). The venvs live in a
 temporary folder outside the checkout, removed at the end (--keep keeps it); the executed copies and
@@ -58,6 +61,10 @@ print("{PROBE_TAG}", _j.dumps({{"file": _p.__file__, "version": _p.__version__, 
       "pythonpath": _o.environ.get("PYTHONPATH"), "data": str(_d("corpus.txt")), "cwd": _o.getcwd()}}))
 """
 CELL_TIMEOUT = 600
+# Binder runs the checkout's own preln (editable) with requirements.txt's pins, as nbval does: what
+# only Binder can lack is a package binder/requirements.txt forgot (the import check finds that for
+# every chapter) or the editable install from book/ (one chapter that reads package data shows it).
+BINDER_CHAPTERS = ("precision.ipynb",)
 # The venvs' own installs skip byte-compiling every module of numpy, scipy, matplotlib ... (half of
 # pip's CPU time): Python compiles what is imported when it is imported; nothing else differs. The
 # notebooks' own installs (the bootstrap's) run exactly as a learner's do.
@@ -382,9 +389,48 @@ def setup_binder(work):
     return work / "binder"
 
 
-def binder_jobs(work, venv):
-    jobs = []
+def chapter_imports():
+    """The top-level modules the chapters' code cells import (absolute imports only)."""
+    import ast
+    names = set()
     for nb in chapters():
+        for cell in json.loads(nb.read_text())["cells"]:
+            if cell["cell_type"] != "code":
+                continue
+            src = "".join(cell["source"])
+            src = "\n".join(l for l in src.splitlines() if not l.lstrip().startswith(("%", "!")))
+            for node in ast.walk(ast.parse(src)):
+                if isinstance(node, ast.Import):
+                    names |= {a.name.split(".")[0] for a in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names.add(node.module.split(".")[0])
+    return sorted(names)
+
+
+def check_binder_imports(venv):
+    """Import, in the binder venv from book/, every module the chapters import; the failures."""
+    mods = chapter_imports()
+    code = ("import importlib, json\nbad = {}\nfor m in %r:\n    try: importlib.import_module(m)\n"
+            "    except Exception as e: bad[m] = f'{type(e).__name__}: {e}'\nprint(json.dumps(bad))" % (mods,))
+    p = subprocess.run([str(venv / "bin" / "python"), "-c", code], cwd=ROOT / "book", env=clean_env(),
+                       capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        return [f"the import check exited {p.returncode}: {p.stderr[-2000:]}"], mods
+    bad = json.loads(p.stdout.strip().splitlines()[-1])
+    return [f"{m} does not import in binder/'s environment: {e}" for m, e in bad.items()], mods
+
+
+def binder_jobs(work, venv, run_all=False):
+    jobs = []
+    def imports_job():
+        t0 = time.monotonic()
+        problems, mods = check_binder_imports(venv)
+        return {"seconds": time.monotonic() - t0, "cpu_seconds": 0, "problems": problems,
+                "modules": mods}, None
+    jobs.append(("binder imports of every chapter", imports_job))
+    for nb in chapters():
+        if not run_all and nb.name not in BINDER_CHAPTERS:
+            continue
         def job(nb=nb):
             summary = execute(nb, venv / "bin" / "python", ROOT / "book", OUT / "binder" / nb.name,
                               "binder-" + nb.stem, work, clean_env())
@@ -400,6 +446,8 @@ def main(argv=None):
                     help="comma-separated steps among plain, colab, binder (the wheel is always built)")
     ap.add_argument("--jobs", type=int, default=2, help="notebooks executed at a time (default 2)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder with the venvs")
+    ap.add_argument("--binder-all", action="store_true",
+                    help="binder: execute every chapter, not only " + ", ".join(BINDER_CHAPTERS))
     ap.add_argument("--execute", help=argparse.SUPPRESS)
     ap.add_argument("--python", help=argparse.SUPPRESS)
     ap.add_argument("--cwd", help=argparse.SUPPRESS)
@@ -468,12 +516,13 @@ def main(argv=None):
                             base_packages = (env, installed(env / "bin" / "python"))
                             if "preln" in base_packages[1]:
                                 failures.append("colab: the base venv has preln before any notebook ran")
-                        jobs = colab_jobs(work, env, wheel) if label == "colab" else binder_jobs(work, env)
+                        jobs = colab_jobs(work, env, wheel) if label == "colab" else binder_jobs(work, env, args.binder_all)
                         pending |= {pool.submit(job): ("notebook", name) for name, job in jobs}
                         continue
                     try:
                         summary, expectations = future.result()
-                        problems = judge(summary, version=version, **expectations)
+                        problems = (summary["problems"] if expectations is None
+                                    else judge(summary, version=version, **expectations))
                     except Exception as e:        # a job that could not even start its notebook
                         summary, problems = {"seconds": None}, [f"{type(e).__name__}: {e}"]
                     secs = (f"{summary['seconds']:.0f} s, CPU {summary.get('cpu_seconds', 0):.0f} s"
@@ -481,6 +530,9 @@ def main(argv=None):
                     if problems:
                         failures.append(f"{label}: " + "\n    ".join(problems))
                         log(f"{label}: FAILED ({secs})\n    " + "\n    ".join(p[-2500:] for p in problems))
+                    elif expectations is None:
+                        log(f"{label}: all {len(summary['modules'])} modules import "
+                            f"({', '.join(summary['modules'])}; {summary['seconds']:.0f} s)")
                     else:
                         log(f"{label}: executed without an error ({secs})")
         timings["environments and notebooks"] = time.monotonic() - t0
