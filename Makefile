@@ -20,7 +20,7 @@
 #                        _build/grades/<assignment>.csv, N students at a time (default: the cores)
 #                        (GRADE_ARGS="--timeout 60 --mem-mb 2048 --cpu-s 600 --no-sandbox": the caps)
 #   make mutation        the fraction of mutated solutions each assignment's hidden checks catch
-#   make bench-grading   seconds per notebook grading a class of 100 fixture students x 7 assignments
+#   make bench-grading   seconds per notebook grading a class of 100 fixture students x every assignment
 #   make lab             JupyterLab on book/ with preln importable and MyST rendered (jupyterlab-myst)
 #   make notebooks       re-execute every notebook in book/ in place (stores fresh outputs)
 #   make bench           the benchmark table
@@ -62,8 +62,10 @@ book: install
 
 test: test-unit test-notebooks test-learner test-course test-site
 
+# two pytest workers (pytest-xdist): the suite is independent tests, one BLAS thread each
+UNIT_JOBS ?= 2
 test-unit: install
-	$(ONE_THREAD) $(BIN)/python -m pytest -q tests --ignore=tests/browser --ignore-glob='tests/test_course_*.py'
+	$(ONE_THREAD) $(BIN)/python -m pytest -q -n $(UNIT_JOBS) tests --ignore=tests/browser --ignore-glob='tests/test_course_*.py'
 
 # The stored outputs must be what any reader's machine computes, and OpenBLAS picks its kernels by
 # CPU (other kernels, other round-off). So nbval runs every notebook under several kernels:
@@ -142,7 +144,7 @@ mutation: install
 test-course: $(COURSE_STAMP)
 	$(ONE_THREAD) $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_course.py tests/test_course_*.py
 
-# seconds per notebook for a class of BENCH_STUDENTS fixture students x 7 assignments, graded at
+# seconds per notebook for a class of BENCH_STUDENTS fixture students x every assignment, graded at
 # JOBS=1 and JOBS=2 (long: about an hour at the full size on two cores); prints a table
 BENCH_STUDENTS ?= 100
 bench-grading: $(COURSE_STAMP)

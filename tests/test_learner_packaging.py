@@ -37,7 +37,7 @@ OPTIONAL_IMPORTS = {
     "myst_nb": "preln.nb.glue falls back to showing the value without the book's toolchain",
 }
 # what binder/ must not carry: tests, the site's build stack, packaging tools
-NOT_FOR_READERS = {"pytest", "pytest-timeout", "nbval", "hypothesis", "playwright", "jupyter-book",
+NOT_FOR_READERS = {"pytest", "pytest-timeout", "pytest-xdist", "execnet", "nbval", "hypothesis", "playwright", "jupyter-book",
                    "myst-nb", "sphinxcontrib-bibtex", "setuptools", "nbconvert", "nbgrader"}
 
 
