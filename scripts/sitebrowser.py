@@ -93,7 +93,7 @@ def pages() -> list[str]:
 HTML_LIMIT = 400_000          # bytes of a chapter's HTML (issue 16)
 FIRST_LOAD_LIMIT = 4_000_000  # bytes a chapter's first load transfers: theme, MathJax, fonts included
 # Held to the first-load target only: the API reference is one page of ~300 documented objects
-# (600 kB of HTML, 350 kB of it signatures); a page per section of book/api.md would bring each
+# (about 900 kB of HTML, most of it signatures); a page per section of book/api.md would bring each
 # under 400 kB.
 REFERENCE_PAGES = {"book/api"}
 KINDS = {".html": "html", ".js": "scripts", ".css": "styles", ".woff": "fonts", ".woff2": "fonts",
