@@ -344,3 +344,19 @@ def test_setup_cell_needs_nothing_the_grader_withholds(source):
     name, nb = source
     setup = next(c for c in nb.cells if nbtools.grade_id(c) == "setup")
     assert "assert_does_not_use" not in setup.source, name
+
+
+def test_feedback_counts_failed_checks_not_failed_expectations():
+    """One check with two failing expectations is one failed check of the question's checks."""
+    from types import SimpleNamespace
+
+    exps = [equal(np.array([1.0, 2.0])), satisfies(lambda v: v.sum() > 100, "a sum over 100")]
+    qp = SimpleNamespace(checks=[("the first input", 0, exps), ("the second input", 1, exps[:1])],
+                         calls=[{"id": "c0", "keep_args": False}, {"id": "c1", "keep_args": False}],
+                         references=(), answers=(), points=3)
+    value = {"kind": "value", "value": wire.dumps(*wire.encode_result(np.array([5.0, 6.0])))}
+    right = {"kind": "value", "value": wire.dumps(*wire.encode_result(np.array([1.0, 2.0])))}
+    plan = SimpleNamespace(questions={"q1": qp})
+    v = checks.evaluate(plan, {"c0": value, "c1": right}, {"q1": "ok"})["q1"]
+    assert len(v.failures) == 2 and v.n_failed == 1
+    assert v.lines()[0] == "Hidden checks: 1 of 2 failed."

@@ -270,9 +270,11 @@ def outcome_from(doc, qp, call_index, q_status):
 
 
 class Verdict:
-    def __init__(self, key, points, failures, n_checks, name_uses=()):
+    def __init__(self, key, points, failures, n_checks, name_uses=(), n_failed=None):
         self.key, self.points, self.failures, self.n_checks = key, points, failures, n_checks
         self.name_uses = list(name_uses)
+        # a check can fail several of its expectations (one message each): count checks, not messages
+        self.n_failed = len(failures) if n_failed is None else n_failed
 
     @property
     def passed(self):
@@ -286,7 +288,7 @@ class Verdict:
             out.append("No credit: the answer calls the package's own implementation of what is asked: "
                        + ", ".join(self.name_uses) + ".")
         if self.failures:
-            out.append(f"Hidden checks: {len(self.failures)} of {self.n_checks} failed.")
+            out.append(f"Hidden checks: {self.n_failed} of {self.n_checks} failed.")
             out += [f"- {f}" for f in self.failures[:limit]]
             if len(self.failures) > limit:
                 out.append(f"- ... and {len(self.failures) - limit} more")
@@ -299,15 +301,17 @@ def evaluate(plan, results, q_status, student_sources=None):
     for key, qp in plan.questions.items():
         failures = []
         outcomes = {}
+        n_failed = 0
         for what, ci, expectations in qp.checks:
             if ci not in outcomes:
                 outcomes[ci] = outcome_from(results.get(qp.calls[ci]["id"]), qp, ci, q_status.get(key))
-            for msg in api.verify(outcomes[ci], expectations):
-                failures.append(f"{what}: {msg}")
+            msgs = api.verify(outcomes[ci], expectations)
+            n_failed += bool(msgs)
+            failures += [f"{what}: {msg}" for msg in msgs]
         uses = []
         if student_sources is not None and qp.references:
             uses = namecheck.forbidden_uses(student_sources, qp.answers, qp.references)
-        verdicts[key] = Verdict(key, qp.points, failures, len(qp.checks), uses)
+        verdicts[key] = Verdict(key, qp.points, failures, len(qp.checks), uses, n_failed)
     return verdicts
 
 
