@@ -87,3 +87,17 @@ def test_checkout_files_are_what_a_clone_has():
     files = learner_check.checkout_files()
     assert "pyproject.toml" in files and "preln/data/corpus.txt" in files and "binder/runtime.txt" in files
     assert not [f for f in files if f.startswith((".venv/", "_build/", ".git/"))]
+
+
+def test_binder_import_check_reads_the_chapters_and_names_what_does_not_import(tmp_path, monkeypatch):
+    """The Binder step's import check: the chapters' imports are found, and a module the environment
+    lacks is a problem that names it."""
+    mods = learner_check.chapter_imports()
+    assert {"numpy", "matplotlib", "preln", "ml_dtypes"} <= set(mods), mods
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    monkeypatch.setattr(learner_check, "chapter_imports", lambda: ["json", "no_such_module_for_binder"])
+    problems, checked = learner_check.check_binder_imports(venv)
+    assert checked == ["json", "no_such_module_for_binder"]
+    assert len(problems) == 1 and problems[0].startswith("no_such_module_for_binder does not import"), problems
