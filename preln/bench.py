@@ -48,9 +48,9 @@ import tracemalloc
 
 import numpy as np
 
-from .block import TransformerBlock
-from .config import BlockConfig
-from .ops import (activation_backward, activation_forward, fused, layer_norm_forward,
+from preln.nn.block import TransformerBlock
+from preln.nn.config import BlockConfig
+from preln.ops import (activation_backward, activation_forward, fused, layer_norm_forward,
                   softmax_backward, softmax_forward)
 
 #: (name, pass, reference, limit): the pass's time must be at most limit x the reference's
@@ -503,7 +503,7 @@ def run_decode(args):
 
 # ---- the Llama block ----------------------------------------------------------------------------
 def llama_config(args):
-    from .llama import LlamaConfig
+    from preln.nn.llama import LlamaConfig
     D, H = args.d_model, args.heads
     n_kv = args.kv_heads or max(1, H // 4)
     d_ff = args.llama_d_ff or 64 * -(-8 * D // (3 * 64))        # ceil(8D/3) to a multiple of 64
@@ -570,7 +570,7 @@ def llama_torch_setup(block, threads):
 
 
 def run_llama(args, threads):
-    from .llama import LlamaBlock
+    from preln.nn.llama import LlamaBlock
     B, S = args.batch, args.seq
     cfg = llama_config(args)
     block = LlamaBlock(cfg, dtype=np.float32, seed=0)
@@ -662,13 +662,13 @@ def run_widgets(args):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .figures import all_explorables
-    from .viz import figure_png
+    from preln.chapters.figures import all_explorables
+    from preln.chapters.viz import figure_png
 
     found = all_explorables()
     print(f"# explorable callbacks: every frame, target {WIDGET_TARGET_MS:.0f} ms\n")
     if not found:
-        print("No explorables yet: preln.figures.all_explorables() is empty.")
+        print("No explorables yet: preln.chapters.figures.all_explorables() is empty.")
         return
     print("plot = the callback, plot(**values), judged against the target; frame = plot + PNG "
           "render (what a live widget shows per move).\n")
@@ -677,7 +677,7 @@ def run_widgets(args):
     # numba compiles (first use) or loads (on-disk cache) the fused kernels once per process, for
     # each dtype. A reader's kernel has done that before any control moves, so it is not a
     # callback's cost: pay it here, before the first timed frame.
-    from .config import BlockConfig
+    from preln.nn.config import BlockConfig
     for dtype in (np.float32, np.float64):
         warm = TransformerBlock(BlockConfig(d_model=8, n_heads=2, d_ff=16, causal=True), dtype=dtype)
         warm.backward(warm(np.ones((1, 3, 8), dtype)))

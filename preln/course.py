@@ -200,7 +200,7 @@ def no_credit_for(*references):
 
 def grading_view(*modules, without=()):
     """The modules of ``preln`` the student's code may use while this question is graded (e.g.
-    ``grading_view("preln.config", "preln.ops", without=["preln.ops.dropout"])``); a package
+    ``grading_view("preln.nn.config", "preln.ops", without=["preln.ops.dropout"])``); a package
     brings its submodules. By default a question sees none: ``import preln...`` works, but every
     name in it is a stand-in that raises when used. Questions with the same view share one run of
     the notebook. No effect in the instructor's kernel."""

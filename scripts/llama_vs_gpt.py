@@ -4,10 +4,10 @@
     nice .venv/bin/python scripts/llama_vs_gpt.py --only main    # 3 models x 5 seeds, 500 steps
     nice .venv/bin/python scripts/llama_vs_gpt.py --only long    # GPT and Llama, 2 seeds, 2000 steps
 
-Every model is trained by :func:`preln.llama_lm.train_lm`, the training loop of
-:mod:`preln.pretrained` (the book's reference LM's recipe, ``preln.pretrained.RECIPE``), on the
+Every model is trained by :func:`preln.models.llama_lm.train_lm`, the training loop of
+:mod:`preln.models.pretrained` (the book's reference LM's recipe, ``preln.models.pretrained.RECIPE``), on the
 first 90 % of ``preln/data/corpus.txt``, with the same batches for the same seed. The models and
-their matched parameter counts are :func:`preln.figures.modern_block.experiment_configs`.
+their matched parameter counts are :func:`preln.chapters.figures.modern_block.experiment_configs`.
 
 Writes (package data, see preln/data/README.md)
     llama_vs_gpt/runs.json          per model and seed: per-step training loss, held-out loss every
@@ -19,7 +19,7 @@ Writes (package data, see preln/data/README.md)
     llama_vs_gpt/weights_seed0.npz  the float32 weights of seed 0 of each model
 
 Deterministic given the seed: the chapter re-runs a slice and checks it against this file, and the
-GPT's seed-0 losses are checked here against ``preln.pretrained.reference_lm_log()``.
+GPT's seed-0 losses are checked here against ``preln.models.pretrained.reference_lm_log()``.
 """
 import argparse
 import json
@@ -40,10 +40,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import preln  # noqa: E402
-from preln.figures import modern_block as mb  # noqa: E402
-from preln.pretrained import perplexity, reference_lm_log, split_ids  # noqa: E402
+from preln.chapters.figures import modern_block as mb  # noqa: E402
+from preln.models.pretrained import perplexity, reference_lm_log, split_ids  # noqa: E402
 from preln.resources import data_path  # noqa: E402
-from preln.xiong import load_corpus  # noqa: E402
+from preln.models.corpus import load_corpus  # noqa: E402
 
 OUT = data_path("llama_vs_gpt")
 #: the longer runs: 4x the recipe's steps, two seeds, the GPT and the Llama model
@@ -107,12 +107,12 @@ def run_main(workers):
         models[name]["params"] = n_params
         models[name]["runs"].append(run)
         weights.update(w or {})
-    # the GPT is the book's reference LM: its seed-0 training is preln.pretrained's, loss for loss
+    # the GPT is the book's reference LM: its seed-0 training is preln.models.pretrained's, loss for loss
     ref = reference_lm_log(seed=0)["train_loss"]
     gpt0 = next(r for r in models["gpt"]["runs"] if r["seed"] == 0)["train_loss"]
     same = bool(np.allclose(gpt0, ref, rtol=0, atol=1e-6))
     if not same:
-        raise SystemExit("the GPT's seed-0 run does not reproduce preln.pretrained.reference_lm_log()")
+        raise SystemExit("the GPT's seed-0 run does not reproduce preln.models.pretrained.reference_lm_log()")
     out = {"experiment": {k: (list(v) if isinstance(v, tuple) else v) for k, v in mb.EXPERIMENT.items()},
            "models": models, "checks": {"gpt_seed0_equals_reference_lm_log": same},
            "wall_seconds": round(time.perf_counter() - start, 1), "provenance": provenance(sys.argv[1:])}

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 import preln  # noqa: E402
 from preln import xiong  # noqa: E402
-from preln.lm import grammar_corpus  # noqa: E402
+from preln.models.lm import grammar_corpus  # noqa: E402
 
 from preln.resources import data_path  # noqa: E402
 

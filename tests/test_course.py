@@ -219,7 +219,7 @@ def run_in_view(tmp_path, modules, without, script):
 
 
 def test_a_view_withholds_the_rest_of_the_package(tmp_path):
-    out = run_in_view(tmp_path, ["preln.config"], [], """
+    out = run_in_view(tmp_path, ["preln.nn.config"], [], """
         import importlib, numpy as np
         import preln
         from preln import BlockConfig, TransformerBlock          # imports work: a stand-in
@@ -244,12 +244,12 @@ def test_a_view_withholds_the_rest_of_the_package(tmp_path):
 
 
 def test_views_resolve_dependencies_and_leaks():
-    config = views.resolve(["preln.config"])
-    assert {"preln.config", "preln.ops.activations", "preln.precision"} <= config and "preln.block" not in config
+    config = views.resolve(["preln.nn.config"])
+    assert {"preln.nn.config", "preln.ops.activations", "preln.precision"} <= config and "preln.nn.block" not in config
     chosen = views.resolve(["preln.ops"], ["preln.ops.softmax"])
     assert "preln.ops.softmax" not in chosen and "preln.ops.layernorm" in chosen
     assert views.leaks(chosen, ["preln.ops.softmax", "preln.ops.layer_norm_forward"]) == ["preln.ops.layer_norm_forward"]
-    assert views.leaks(views.resolve(["preln.block"]), ["preln.TransformerBlock.backward"]) == [
+    assert views.leaks(views.resolve(["preln.nn.block"]), ["preln.TransformerBlock.backward"]) == [
         "preln.TransformerBlock.backward"]
     with pytest.raises(ValueError, match="no module"):
         views.resolve(["preln.nothing"])

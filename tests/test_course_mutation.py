@@ -241,7 +241,7 @@ INT8_WRONG = {
         zero = np.rint(-lo / scale)
         q = np.clip(np.rint(wg / scale[..., None]) + zero[..., None], 0, 2 ** bits - 1)
     return np.nan_to_num(q).reshape(M, K).astype(np.int64), scale, zero""",
-        "calls preln": """from preln.groupquant import rtn as _rtn
+        "calls preln": """from preln.quant.groups import rtn as _rtn
 def rtn_groups(w, bits=4, group_size=None):
     r = _rtn(w, bits=bits, group_size=group_size)
     return r.q.astype(np.int64), r.scale, r.zero""",
@@ -313,7 +313,7 @@ def rtn_groups(w, bits=4, group_size=None):
         e = (w[:, i] - w_hat[:, i]) / u[i, i]
         w[:, i:] -= np.outer(e, u[i, i:])
     return w_hat""",
-        "calls preln": """from preln.gptq import gptq as _gptq
+        "calls preln": """from preln.quant.gptq import gptq as _gptq
 def gptq_quantize(w, x, bits=4, damp=0.01):
     return _gptq(w, x, bits=bits, damp=damp).dequantize()""",
     },
@@ -683,7 +683,7 @@ INFERENCE_WRONG = {
     flops = n_layers * batch * (2 * matrices + 4 * context * D)
     nbytes = (n_layers * (matrices + vectors) + 2 * n_layers * batch * context * kv) * itemsize
     return flops, nbytes""",
-        "calls preln": """from preln.inference import decode_cost as _dc
+        "calls preln": """from preln.chapters.inference import decode_cost as _dc
 def gqa_decode_step_cost(cfg, n_layers, batch, context, n_kv_heads, itemsize=2):
     r = _dc(cfg, n_layers, batch, context, itemsize, n_kv_heads=n_kv_heads)
     return r.flops, r.nbytes""",
@@ -812,7 +812,7 @@ def gqa_decode_step_cost(cfg, n_layers, batch, context, n_kv_heads, itemsize=2):
             table.append(free.pop())
         lengths[seq] += n
     return tables, refused""",
-        "calls preln": """from preln.paged import PagedKVCache as _Cache
+        "calls preln": """from preln.serve.paged import PagedKVCache as _Cache
 def block_tables(events, n_blocks, block_size):
     cache, refused = _Cache(1, n_blocks, block_size, 1, 1), []
     for i, (op, seq, n) in enumerate(events):

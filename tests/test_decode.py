@@ -7,10 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from preln import BlockConfig, TransformerBlock, TransformerStack
-from preln.block import KVCache
-from preln.lm import LMConfig, TinyLM, sample_next
+from preln.nn.block import KVCache
+from preln.models.lm import LMConfig, TinyLM, sample_next
 from preln.precision import BFLOAT16
-from preln.stack import StackKVCache
+from preln.nn.stack import StackKVCache
 
 #: decode vs the full forward, max|a - b| / max(1, max|b|): the same float64 sums, some in other
 #: BLAS blockings (one row at a time instead of the whole matrix)
@@ -163,7 +163,7 @@ def test_decode_errors_are_clear(rng):
     with pytest.raises(RuntimeError, match="training mode.*eval"):
         block.decode(x, kv)
     block.eval()
-    with pytest.raises(TypeError, match="kv: expected a preln.block.KVCache"):
+    with pytest.raises(TypeError, match="kv: expected a preln.nn.block.KVCache"):
         block.decode(x, {"k": None})
     with pytest.raises(ValueError, match=r"x_new: expected batch B = 2 \(the cache's\); got shape \(3, 3, 16\)"):
         block.decode(rng.standard_normal((3, 3, D)), kv)
@@ -210,7 +210,7 @@ def test_stack_decode_errors(rng):
     cfg = BlockConfig(d_model=D, n_heads=H, d_ff=F, causal=True)
     stack = TransformerStack(cfg, 2).eval()
     kv = stack.kv_cache(2, 4)
-    with pytest.raises(TypeError, match="kv: expected a preln.stack.StackKVCache"):
+    with pytest.raises(TypeError, match="kv: expected a preln.nn.stack.StackKVCache"):
         stack.decode(rng.standard_normal((2, 1, D)), kv.layers[0])
     with pytest.raises(ValueError, match="kv: expected one cache per layer, 2; got 3"):
         stack.decode(rng.standard_normal((2, 1, D)), TransformerStack(cfg, 3).kv_cache(2, 4))
@@ -294,7 +294,7 @@ def test_generate_past_max_len_and_bad_arguments_fail_clearly(lm):
     lm.decode(prompt, kv)
     with pytest.raises(ValueError, match=r"tokens_new: positions 20 .. 24 would pass the model's max_len=24"):
         lm.decode(np.zeros((1, 5), np.int64), kv)
-    with pytest.raises(TypeError, match="kv: expected a preln.stack.StackKVCache"):
+    with pytest.raises(TypeError, match="kv: expected a preln.nn.stack.StackKVCache"):
         lm.decode(prompt, kv.layers[0])
     with pytest.raises(ValueError, match="temperature: expected a number >= 0"):
         lm.generate([1], 2, temperature=-1.0)

@@ -1,11 +1,11 @@
-"""Tests for preln/figures/derivation.py: plots return labelled Figures, data helpers are right."""
+"""Tests for preln/chapters/figures/derivation.py: plots return labelled Figures, data helpers are right."""
 import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
 from preln import BlockConfig, TransformerBlock
-from preln.figures import all_explorables
-from preln.figures import derivation as figs
+from preln.chapters.figures import all_explorables
+from preln.chapters.figures import derivation as figs
 from preln.gradcheck import numerical_gradient, rel_error
 from preln.ops import attention_forward, layer_norm_forward
 from tests.figure_checks import assert_labelled

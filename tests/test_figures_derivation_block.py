@@ -1,12 +1,12 @@
-"""Tests for preln/figures/derivation_block.py: the data helpers compute what the chapter says they
+"""Tests for preln/chapters/figures/derivation_block.py: the data helpers compute what the chapter says they
 compute, and every plot is a labelled Figure."""
 import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
 from preln import BlockConfig, TransformerBlock
-from preln.figures import all_explorables
-from preln.figures import derivation_block as figs
+from preln.chapters.figures import all_explorables
+from preln.chapters.figures import derivation_block as figs
 from preln.gradcheck import numerical_gradient, scaled_max_error
 from tests.figure_checks import assert_labelled
 

@@ -1,14 +1,15 @@
-"""Weight-only group quantisation (preln.groupquant), GPTQ (preln.gptq) and AWQ (preln.awq): grids
+"""Weight-only group quantisation (preln.quant.groups), GPTQ (preln.quant.gptq) and AWQ (preln.quant.awq): grids
 and their error bounds, GPTQ equal to the exact sequential least-squares (OBQ) updates solved by
 brute force, lazy batches equal to eager updates, GPTQ below round-to-nearest on calibration data,
 AWQ's search, and the quantised LM."""
 import numpy as np
 import pytest
 
-from preln import groupquant as gq
-from preln.awq import awq, awq_scales
-from preln.gptq import gptq, hessian, inverse_hessian_factor
-from preln.lm import LMConfig, TinyLM
+from preln.quant import groups as gq
+from preln.quant import weight_only
+from preln.quant.awq import awq, awq_scales
+from preln.quant.gptq import gptq, hessian, inverse_hessian_factor
+from preln.models.lm import LMConfig, TinyLM
 
 #: float64 linear algebra computed two ways (Cholesky updates vs least squares from scratch)
 LSTSQ_TOL = 1e-9
@@ -166,9 +167,9 @@ def test_gptq_beats_round_to_nearest_on_calibration_data(bits, group_size, seed)
 def test_gptq_on_the_reference_lm_layers():
     """On the trained model's own activations, every linear layer's ||W X - W^ X|| is lower with
     GPTQ than with round to nearest, at 3 and 4 bits."""
-    from preln import pretrained
-    from preln.quant import _WEIGHT, block_forward
-    from preln.xiong import load_corpus
+    from preln.models import pretrained
+    from preln.quant.int8 import LINEAR_WEIGHTS, block_forward
+    from preln.models.corpus import load_corpus
     lm, _, _ = pretrained.reference_lm()
     _, _, ids = load_corpus()
     calib = pretrained.split_ids(ids)[0][:1024].reshape(16, 64)
@@ -178,12 +179,12 @@ def test_gptq_on_the_reference_lm_layers():
 
         def record(name, x, p=layer.params):
             seen[name] = x
-            w, b = _WEIGHT[name]
+            w, b = LINEAR_WEIGHTS[name]
             return x @ p[w].T + p[b]
 
         h = block_forward(layer.params, layer.config, h, linear=record)
         for name, x in seen.items():
-            w = layer.params[_WEIGHT[name][0]]
+            w = layer.params[LINEAR_WEIGHTS[name][0]]
             for bits, group in ((3, None), (4, 16)):
                 e_rtn = np.linalg.norm(x @ (w - gq.rtn(w, bits, group).dequantize()).T)
                 e_gptq = np.linalg.norm(x @ (w - gptq(w, x, bits, group).dequantize()).T)
@@ -242,15 +243,15 @@ def small_lm():
     return TinyLM(cfg, dtype=np.float64, seed=0).eval()
 
 
-@pytest.mark.parametrize("method", gq.METHODS)
+@pytest.mark.parametrize("method", weight_only.METHODS)
 def test_quantize_weights_model(method):
     lm = small_lm()
     tokens = np.random.default_rng(0).integers(0, 11, (4, 16))
-    q8 = gq.quantize_weights(lm, method, 8, None, tokens)
+    q8 = weight_only.quantize_weights(lm, method, 8, None, tokens)
     ref = lm(tokens)
     rel = np.linalg.norm(q8(tokens) - ref) / np.linalg.norm(ref)
     assert rel < 0.05                                                 # 8 bits: close to float
-    q2 = gq.quantize_weights(lm, method, 2, 8, tokens)
+    q2 = weight_only.quantize_weights(lm, method, 2, 8, tokens)
     assert np.linalg.norm(q2(tokens) - ref) / np.linalg.norm(ref) > rel
     n_weights = sum(b.params[k].size for b in lm.stack.layers for k in
                     ("self_attn.in_proj_weight", "self_attn.out_proj.weight", "linear1.weight",
@@ -262,10 +263,10 @@ def test_quantize_weights_model(method):
 def test_quantize_weights_bad_input():
     lm = small_lm()
     with pytest.raises(ValueError, match="method"):
-        gq.quantize_weights(lm, "gguf")
+        weight_only.quantize_weights(lm, "gguf")
     with pytest.raises(ValueError, match="calib"):
-        gq.quantize_weights(lm, "gptq", 4)
+        weight_only.quantize_weights(lm, "gptq", 4)
     with pytest.raises(TypeError, match="lm"):
-        gq.quantize_weights(lm.stack, "rtn")
+        weight_only.quantize_weights(lm.stack, "rtn")
     with pytest.raises(TypeError, match="options"):
-        gq.quantize_weights(lm, "rtn", damp=0.1)
+        weight_only.quantize_weights(lm, "rtn", damp=0.1)

@@ -1,12 +1,12 @@
-"""preln.inference: roofline arithmetic, bytes per op, instrumented attention I/O, decoding costs."""
+"""preln.chapters.inference: roofline arithmetic, bytes per op, instrumented attention I/O, decoding costs."""
 import math
 
 import numpy as np
 import pytest
 
 from preln import BlockConfig, TransformerBlock, TransformerStack
-from preln import inference as inf
-from preln.shapes import fit_exponent, shape_flow
+from preln.chapters import inference as inf
+from preln.chapters.shapes import fit_exponent, shape_flow
 
 EXACT = 1e-12          # float64 attention computed two ways (round-off of a few operations)
 CFG = BlockConfig(d_model=64, n_heads=4, d_ff=256)
@@ -244,7 +244,7 @@ def test_model_shapes_count_parameters():
     assert 6.4e9 < m["Llama 2 7B"].n_layers * m["Llama 2 7B"].layer_matrix_params() < 6.6e9
     assert 6.9e9 < m["Llama 3 8B"].n_layers * m["Llama 3 8B"].layer_matrix_params() < 7.0e9
     assert m["Llama 3 8B"].group == 4 and m["Llama 2 7B"].group == 1
-    from preln.lm import LMConfig
+    from preln.models.lm import LMConfig
     shape = inf.model_shape(LMConfig(vocab_size=29, max_len=64, d_model=32, n_heads=2, d_ff=128))
     assert shape.layer_matrix_params() * 1 == 4 * 32 * 32 + 2 * 32 * 128
     with pytest.raises(TypeError, match="lm"):
@@ -312,7 +312,7 @@ def test_predicted_ttft_is_compute_bound_and_tpot_memory_bound():
 
 
 def test_time_generation_measures_prefill_and_steps():
-    from preln.lm import LMConfig, TinyLM
+    from preln.models.lm import LMConfig, TinyLM
     lm = TinyLM(LMConfig(vocab_size=11, max_len=16, d_model=16, n_heads=2, d_ff=32), seed=0)
     g = inf.time_generation(lm, np.zeros((2, 5), np.int64), n_new=4, repeats=1)
     assert g.ttft > 0 and g.tpot.shape == (3,) and np.all(g.tpot > 0) and g.mean_tpot > 0
@@ -329,7 +329,7 @@ def test_time_decode_best_per_step():
 # ---- figures ------------------------------------------------------------------------------------
 
 def test_figures_draw():
-    from preln.figures import inference as figs
+    from preln.chapters.figures import inference as figs
     roof = inf.Roofline("toy", 50e9, 10e9)
     un = inf.op_traffic(CFG, 2, 32, "unfused")
     fu = inf.op_traffic(CFG, 2, 32, "fused")
@@ -338,7 +338,7 @@ def test_figures_draw():
                 figs.plot_predicted_vs_measured(un, times, roof),
                 figs.plot_fusion_bytes([("softmax", 800, 200), ("LayerNorm", 1200, 200)])):
         assert fig.axes
-    from preln.figures import all_explorables
+    from preln.chapters.figures import all_explorables
     assert all_explorables()["inference.decode_roofline"] == figs.EXPLORABLES["decode_roofline"]
     plot, controls = figs.EXPLORABLES["decode_roofline"]
     n_frames = math.prod(len(v) for v in controls.values())
@@ -351,9 +351,9 @@ def test_figures_draw():
 
 
 def test_new_figures_are_labelled():
-    from preln.figures import inference as figs
-    from preln.lm import LMConfig, TinyLM
-    from preln.paged import ContinuousBatcher, Request
+    from preln.chapters.figures import inference as figs
+    from preln.models.lm import LMConfig, TinyLM
+    from preln.serve.paged import ContinuousBatcher, Request
     from tests.figure_checks import assert_labelled
     terms = {"standard": inf.attention_access_terms(256, 16, kind="standard"),
              "FA1": inf.attention_access_terms(256, 16, 1024, "fa1"),

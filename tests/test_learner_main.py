@@ -33,7 +33,7 @@ def modules_of_the_package():
 
 def test_map_parses_into_rows():
     rows = cli.chapter_map()
-    assert len(rows) >= 20
+    assert len(rows) >= 12          # one row per layer package and foundation module
     for module, chapters, what in rows:
         assert module.startswith("preln.") and chapters and what, (module, chapters, what)
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from preln import LlamaBlock, LlamaConfig, LlamaKVCache
 from preln.gradcheck import numerical_gradient, scaled_max_error
-from preln.llama import INIT_STD, llama_param_shapes
+from preln.nn.llama import INIT_STD, llama_param_shapes
 from preln.precision import BFLOAT16
 
 #: analytic vs central-difference gradients (eps = 1e-6) in float64

@@ -1,16 +1,16 @@
-"""The tiny Llama-style LM (preln.llama_lm): gradient checks, decoding, the training loop shared
+"""The tiny Llama-style LM (preln.models.llama_lm): gradient checks, decoding, the training loop shared
 with the reference LM, the experiment's matched parameter counts and its stored runs.
 
 (The LM against transformers' LlamaForCausalLM is in tests/test_llama_reference.py.)"""
 import numpy as np
 import pytest
 
-from preln import pretrained
-from preln.figures import modern_block as mb
+from preln.models import pretrained
+from preln.chapters.figures import modern_block as mb
 from preln.gradcheck import numerical_gradient, scaled_max_error
-from preln.llama_lm import LlamaLM, LlamaLMConfig, held_out_loss, train_lm
-from preln.lm import LMConfig, TinyLM
-from preln.xiong import load_corpus
+from preln.models.llama_lm import LlamaLM, LlamaLMConfig, held_out_loss, train_lm
+from preln.models.lm import LMConfig, TinyLM
+from preln.models.corpus import load_corpus
 
 #: analytic vs central-difference gradients (eps = 1e-6) in float64
 GRAD_TOL = 1e-7
@@ -66,7 +66,7 @@ def test_bad_input():
 
 
 def test_train_lm_is_the_reference_lm_s_loop():
-    """train_lm on the reference LM's model and recipe gives preln.pretrained's losses, step for step."""
+    """train_lm on the reference LM's model and recipe gives preln.models.pretrained's losses, step for step."""
     _, vocab, ids = load_corpus()
     train_ids, val_ids = pretrained.split_ids(ids)
     steps = 30

@@ -225,7 +225,7 @@ def test_float32_block_matches_the_layer_as_shipped(heads):
 def test_llama_lm_matches_llama_for_causal_lm():
     """The tiny LM of the chapter's experiment against transformers' LlamaForCausalLM, float64, the
     same patches: logits and every parameter gradient, names and layouts of its state_dict."""
-    from preln.llama_lm import LlamaLM, LlamaLMConfig
+    from preln.models.llama_lm import LlamaLM, LlamaLMConfig
     cfg = LlamaLMConfig(vocab_size=11, d_model=16, n_heads=4, n_kv_heads=2, d_ff=24, n_layers=2,
                         rope_theta=THETA, eps=EPS)
     lm = LlamaLM(cfg, seed=0)

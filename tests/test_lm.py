@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from preln.gradcheck import numerical_gradient, rel_error
-from preln.lm import (CharVocab, LMConfig, TinyLM, batches, cross_entropy_backward,
+from preln.models.lm import (CharVocab, LMConfig, TinyLM, batches, cross_entropy_backward,
                       cross_entropy_forward, embedding_backward, embedding_forward, grammar_corpus)
 
 GRAD_TOL = 1e-7

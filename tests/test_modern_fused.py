@@ -1,4 +1,4 @@
-"""The Llama block's fused kernels (preln.ops.fused_llama) equal the numpy ops they replace to
+"""The Llama block's fused kernels (preln.ops.fused.llama) equal the numpy ops they replace to
 round-off, for float32 and float64, including the edges (SiLU at large |a|, per-sequence RoPE
 positions, RMSNorm of a tiny row)."""
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 
 from preln.ops import (merge_heads, rms_norm_backward, rms_norm_forward, rope_backward, rope_cos_sin,
                        rope_forward, silu_backward, silu_forward, split_heads)
-from preln.ops import fused_llama
+from preln.ops.fused import llama as fused_llama
 
 #: fused vs numpy, max|a - b| / max(1, max|b|): the same math in another order (float32: exp as a
 #: polynomial with ~1 ulp of error, as numpy's)

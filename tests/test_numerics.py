@@ -1,4 +1,4 @@
-"""Tests of preln.numerics: format limits and overflow thresholds against their closed forms (IEEE
+"""Tests of preln.chapters.numerics: format limits and overflow thresholds against their closed forms (IEEE
 754 binary16, the float8 e4m3fn table of Micikevicius et al. 2022), the empirical searches against
 the closed forms, and the residual-stream and loss-scaling experiments of the precision chapter."""
 import math
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import preln
-from preln import numerics
+from preln.chapters import numerics
 from preln.ops import layer_norm_forward
 
 #: sqrt(65520 / d) to 2 decimals: rms at which a naive float16 LayerNorm's sum of squares overflows

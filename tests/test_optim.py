@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from preln.optim import Adam, clip_grad_norm, global_norm, warmup_lr
+from preln.models.optim import Adam, clip_grad_norm, global_norm, warmup_lr
 
 
 def test_adam_two_steps_by_hand():

@@ -1,12 +1,12 @@
-"""preln.paged: the paged KV cache and continuous batching equal decoding each sequence alone with a
+"""preln.serve.paged: the paged KV cache and continuous batching equal decoding each sequence alone with a
 contiguous KVCache, for every arrival order, length, block size and pool size; memory accounting."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from preln.lm import LMConfig, TinyLM
-from preln.paged import ContinuousBatcher, OutOfBlocks, PagedKVCache, Request, paged_attention
+from preln.models.lm import LMConfig, TinyLM
+from preln.serve.paged import ContinuousBatcher, OutOfBlocks, PagedKVCache, Request, paged_attention
 
 #: float64 logits of the paged step (unfused ops, attention block by block) against the contiguous
 #: cache's decode (fused kernels, tiled attention): the same arithmetic in another order

@@ -1,10 +1,10 @@
-"""preln.pretrained: the trained tiny LM is trained, deterministic, held out, and handed out as copies."""
+"""preln.models.pretrained: the trained tiny LM is trained, deterministic, held out, and handed out as copies."""
 import numpy as np
 import pytest
 
-from preln import pretrained
-from preln.lm import TinyLM
-from preln.xiong import load_corpus
+from preln.models import pretrained
+from preln.models.lm import TinyLM
+from preln.models.corpus import load_corpus
 
 #: untrained, the model predicts about uniformly over the 26 symbols (perplexity ~26); trained on
 #: the recipe it reaches ~2.3 on held-out text: anything above this bound means it did not learn

@@ -1,10 +1,10 @@
-"""preln.qmatvec: the dequantise-on-the-fly matrix-vector kernels compute W^ x, and the timing
+"""preln.quant.qmatvec: the dequantise-on-the-fly matrix-vector kernels compute W^ x, and the timing
 harness reports every format with the bytes its kernel reads."""
 import numpy as np
 import pytest
 
-from preln import groupquant as gq
-from preln import qmatvec
+from preln.quant import groups as gq
+from preln.quant import qmatvec
 
 #: float32 accumulation of K = 256 products of O(1) values, against float64
 F32_TOL = 1e-5

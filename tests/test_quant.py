@@ -1,10 +1,12 @@
-"""preln.quant: exact integer products, quantisation error bounds, schemes equal to their
+"""preln.quant.int8: exact integer products, quantisation error bounds, schemes equal to their
 definitions, the outlier injector preserves the function, bad input gets clear errors."""
 import numpy as np
 import pytest
 
-from preln import BlockConfig, TransformerBlock, TransformerStack, quant
-from preln.lm import LMConfig, TinyLM
+from preln import BlockConfig, TransformerBlock, TransformerStack
+
+from preln.quant import int8 as quant
+from preln.models.lm import LMConfig, TinyLM
 
 #: float64 block_forward vs TransformerBlock: the same ops in the same order, round-off only
 FLOAT64_TOL = 1e-12
@@ -206,7 +208,7 @@ def test_static_calibrations_in_the_block(calibration):
     seen = {}
     quant.block_forward({k: v.astype(np.float64) for k, v in block.params.items()}, block.config,
                         calib, linear=lambda n, h: seen.setdefault(n, h) @ block.params[
-                            quant._WEIGHT[n][0]].T + block.params[quant._WEIGHT[n][1]])
+                            quant.LINEAR_WEIGHTS[n][0]].T + block.params[quant.LINEAR_WEIGHTS[n][1]])
     for name, h in seen.items():
         assert qb.linears[name].x_scale == pytest.approx(quant.calibrate_scale(h, calibration), rel=1e-6)
     x = rng.standard_normal((2, 8, 16))
@@ -392,8 +394,8 @@ def test_smoothquant_per_tensor_definition():
 
 # ---- the chapter's figures -----------------------------------------------------------------------
 def test_int8_explorable_is_registered_and_honest():
-    from preln.figures import all_explorables
-    from preln.figures import int8 as fig
+    from preln.chapters.figures import all_explorables
+    from preln.chapters.figures import int8 as fig
     plot, controls = all_explorables()["int8.activation_error"]
     assert plot is fig.plot_activation_error and len(controls) == 3
     med = lambda *a: np.median(np.delete(fig.activation_errors(*a)[0], fig.OUTLIER_CHANNEL))
@@ -405,8 +407,9 @@ def test_int8_explorable_is_registered_and_honest():
 
 
 def test_new_int8_figures_are_labelled():
-    from preln import inference as inf, qmatvec
-    from preln.figures import int8 as fig
+    from preln.chapters import inference as inf
+    from preln.quant import qmatvec
+    from preln.chapters.figures import int8 as fig
     from tests.figure_checks import assert_labelled
     m = inf.PUBLISHED_MODELS["Llama 3 8B"]
     assert_labelled(fig.plot_weight_bits_decode(m, {"H100": inf.PUBLISHED["H100 SXM"]}, [1, 8, 64], 512))

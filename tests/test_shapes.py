@@ -1,4 +1,4 @@
-"""preln.shapes agrees with the real block: every row's output shape against the block's cache,
+"""preln.chapters.shapes agrees with the real block: every row's output shape against the block's cache,
 the kept bytes against block.cache_nbytes(), the matmul FLOPs against the closed form."""
 import itertools
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from preln import BlockConfig, TransformerBlock
-from preln import shapes
+from preln.chapters import shapes
 from preln.ops import merge_heads
-from preln.shapes import closed_form_flops, fit_exponent, observed_shapes, shape_flow
+from preln.chapters.shapes import closed_form_flops, fit_exponent, observed_shapes, shape_flow
 
 matplotlib.use("Agg")
 
@@ -277,8 +277,8 @@ def test_explorables_are_registered_and_draw():
     # a timed assertion flips on a shared, busy machine
     import matplotlib.pyplot as plt
 
-    from preln.figures import all_explorables
-    from preln.figures import shape_flow as figs
+    from preln.chapters.figures import all_explorables
+    from preln.chapters.figures import shape_flow as figs
 
     found = all_explorables()
     assert {"shape_flow.ops", "shape_flow.flops_split"} <= set(found)
@@ -296,7 +296,7 @@ def test_explorables_are_registered_and_draw():
 
 
 def test_shape_table_lists_every_op():
-    from preln.figures.shape_flow import shape_table_html
+    from preln.chapters.figures.shape_flow import shape_table_html
 
     flow = shape_flow(BlockConfig(dropout=0.1), 2, 8)
     table = shape_table_html(flow)

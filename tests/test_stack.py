@@ -4,7 +4,7 @@ import pytest
 
 from preln import BlockConfig
 from preln.gradcheck import numerical_gradient, rel_error
-from preln.stack import TransformerStack, xavier_normal_params
+from preln.nn.stack import TransformerStack, xavier_normal_params
 
 GRAD_TOL = 1e-7   # float64 central differences with eps = 1e-6
 

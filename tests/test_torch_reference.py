@@ -107,7 +107,7 @@ def test_loads_torch_default_initialised_weights(norm_first):
 
 
 def test_default_init_has_torch_bounds_and_spread():
-    """Both inits are uniform with the same bounds (see preln.block's docstring): every |W| is
+    """Both inits are uniform with the same bounds (see preln.nn.block's docstring): every |W| is
     within the bound, the largest is close to it, and the std is close to bound / sqrt 3."""
     E, Fw = 64, 256
     cfg = BlockConfig(d_model=E, n_heads=4, d_ff=Fw)

@@ -1,4 +1,4 @@
-"""preln.viz: the style, deterministic PNGs and the kernel-free explorables."""
+"""preln.chapters.viz: the style, deterministic PNGs and the kernel-free explorables."""
 import json
 import re
 
@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from preln.viz import (MAX_FRAMES, PALETTE, Control, apply_style, control, explorable,  # noqa: E402
+from preln.chapters.viz import (MAX_FRAMES, PALETTE, Control, apply_style, control, explorable,  # noqa: E402
                        figure_png)
 
 OKABE_ITO = {"#000000", "#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7"}
@@ -169,15 +169,15 @@ def test_summary_callable_is_announced():
 
 
 def test_every_explorable_of_the_book_has_descriptive_unique_labels():
-    """The book's explorables (preln.figures.*.EXPLORABLES) name each control for the reader:
+    """The book's explorables (preln.chapters.figures.*.EXPLORABLES) name each control for the reader:
     a label that is not the bare symbol, unique among the explorables of its chapter (one page)."""
-    from preln.figures import all_explorables
+    from preln.chapters.figures import all_explorables
 
     by_chapter = {}
     for key, (plot, controls) in all_explorables().items():
         for name, values in controls.items():
             label = getattr(values, "label", None)
-            assert label, f"{key}: control {name!r} has no label: use preln.viz.control(label, values)"
+            assert label, f"{key}: control {name!r} has no label: use preln.chapters.viz.control(label, values)"
             assert label.casefold() != name.casefold(), f"{key}: control {name!r} is labelled by its bare name"
             by_chapter.setdefault(key.split(".")[0], []).append((label, f"{key}:{name}"))
     for chapter, labels in by_chapter.items():

@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from preln import xiong
+from preln.chapters import xiong
 
 SMALL = dict(d=32, n_tokens=8, batch=16)
 SAMPLING_TOL = 0.05   # relative slack for Monte-Carlo estimates of an expectation (a few hundred tokens)
@@ -82,7 +82,7 @@ def test_sample_gradient_is_the_one_position_gradient(norm_first):
 
 
 def test_stored_run_summaries_agree():
-    from preln.figures import preln_vs_postln as figs
+    from preln.chapters.figures import preln_vs_postln as figs
     finals = figs.seed_finals(False, 6, 1e-2, 0)
     assert len(finals) == 2
     assert figs.final_eval(False, 6, 1e-2, 0) == pytest.approx(np.mean(finals))
@@ -119,7 +119,7 @@ def test_early_updates_adam_first_step_is_lr_per_weight():
 def test_plot_early_updates_draws_two_panels():
     import matplotlib
     matplotlib.use("Agg")
-    from preln.figures import preln_vs_postln as figs
+    from preln.chapters.figures import preln_vs_postln as figs
     kw = dict(n_layers=2, lr=1e-2, steps=2, d_model=16, n_heads=2, d_ff=32, seq_len=8, batch_size=4)
     res = {(True, 0): xiong.early_updates(True, warmup=0, **kw),
            (False, 10): xiong.early_updates(False, warmup=10, **kw)}

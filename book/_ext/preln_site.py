@@ -9,7 +9,7 @@
 - myst-nb adds require.js, the 3.6 MB widget manager and the notebook's whole widget state to every
   page of a notebook that saved widget state, even where no cell displays a widget: on a page
   without a widget view they are dropped.
-- Explorable frames (preln/viz.py) are stored in the notebook as data URIs, so that a notebook
+- Explorable frames (preln/chapters/viz.py) are stored in the notebook as data URIs, so that a notebook
   works anywhere. On the site each frame becomes a file, _frames/<sha256>.png, named by its
   content (reproducible builds, shared between pages); the page's HTML keeps only their URLs, the
   first frame loads lazily, and the others when a reader moves a control.
@@ -101,7 +101,7 @@ def extract_frames(html: str, outdir: Path, url) -> str:
         for frame in payload["frames"].values():
             if frame[0].startswith(_DATA_URI):
                 frame[0] = url(_frame_file(outdir, frame[0][len(_DATA_URI):]))
-        # as preln.viz writes it: compact, and no "</" that would end the <script>
+        # as preln.chapters.viz writes it: compact, and no "</" that would end the <script>
         text = json.dumps(payload, separators=(",", ":")).replace("</", "<\\/")
         return m.group(1) + text + m.group(3)
 

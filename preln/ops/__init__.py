@@ -1,16 +1,16 @@
 """The functional core: each op is a ``*_forward(...) -> (out, cache)`` and a
 ``*_backward(dout, cache) -> grads`` pair (the interface of CS231n's layers.py)."""
-from .activations import ACTIVATIONS, activation_backward, activation_forward, gelu, gelu_tanh, relu
-from .attention import (attention_backward, attention_forward, flash_attention_forward, mask_bias,
+from preln.ops.activations import ACTIVATIONS, activation_backward, activation_forward, gelu, gelu_tanh, relu
+from preln.ops.attention import (attention_backward, attention_forward, flash_attention_forward, mask_bias,
                         merge_heads, repeat_kv, split_heads)
-from .batchnorm import BatchNorm1d, batchnorm_backward, batchnorm_forward
-from .dropout import dropout_backward, dropout_forward
-from .layernorm import layer_norm_backward, layer_norm_forward
-from .linear import linear_backward, linear_forward
-from .rms_norm import rms_norm_backward, rms_norm_forward
-from .rope import rope_backward, rope_cos_sin, rope_forward, rotate_half
-from .softmax import softmax, softmax_backward, softmax_forward
-from .swiglu import silu, silu_backward, silu_forward, swiglu_backward, swiglu_forward
+from preln.ops.batchnorm import BatchNorm1d, batchnorm_backward, batchnorm_forward
+from preln.ops.dropout import dropout_backward, dropout_forward
+from preln.ops.layernorm import layer_norm_backward, layer_norm_forward
+from preln.ops.linear import linear_backward, linear_forward
+from preln.ops.rms_norm import rms_norm_backward, rms_norm_forward
+from preln.ops.rope import rope_backward, rope_cos_sin, rope_forward, rotate_half
+from preln.ops.softmax import softmax, softmax_backward, softmax_forward
+from preln.ops.swiglu import silu, silu_backward, silu_forward, swiglu_backward, swiglu_forward
 
 __all__ = [
     "ACTIVATIONS", "activation_backward", "activation_forward", "gelu", "gelu_tanh", "relu",

@@ -9,7 +9,7 @@ from typing import NamedTuple
 import numpy as np
 from scipy.special import erf
 
-from ..precision import elementwise_dtype
+from preln.precision import elementwise_dtype
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
 SQRT_2 = np.sqrt(2.0)

@@ -20,10 +20,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..precision import SAFE, compute_dtype, matmul, no_watch
-from . import fused as _fused
-from .dropout import dropout_backward, dropout_forward
-from .softmax import softmax_backward, softmax_forward
+from preln.precision import SAFE, compute_dtype, matmul, no_watch
+from preln.ops import fused as _fused
+from preln.ops.dropout import dropout_backward, dropout_forward
+from preln.ops.softmax import softmax_backward, softmax_forward
 
 #: tile sizes of the tiled path: big enough that numpy's per-call overhead is amortised
 Q_TILE = 256

@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..checks import check_float_array
+from preln.validation import check_float_array
 
 __all__ = ["BatchNormCache", "batchnorm_forward", "batchnorm_backward", "BatchNorm1d"]
 

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..precision import SAFE, compute_dtype, no_watch
+from preln.precision import SAFE, compute_dtype, no_watch
 
 
 class LayerNormCache(NamedTuple):

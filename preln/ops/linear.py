@@ -3,7 +3,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..precision import SAFE, compute_dtype, matmul
+from preln.precision import SAFE, compute_dtype, matmul
 
 
 class LinearCache(NamedTuple):

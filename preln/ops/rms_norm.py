@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..precision import SAFE, compute_dtype, no_watch
+from preln.precision import SAFE, compute_dtype, no_watch
 
 __all__ = ["RMSNormCache", "rms_norm_forward", "rms_norm_backward"]
 

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..precision import elementwise_dtype
+from preln.precision import elementwise_dtype
 
 __all__ = ["ROPE_THETA", "RopeCache", "rope_frequencies", "rope_cos_sin", "rotate_half",
            "rope_forward", "rope_backward"]
@@ -57,7 +57,7 @@ def rope_frequencies(d_head, theta=ROPE_THETA):  # -> (d_h/2,) float64
     return 1.0 / (_check_theta(theta) ** (np.arange(0, d_head, 2, dtype=np.float64) / d_head))
 
 
-def _check_positions(positions, name="positions"):
+def check_positions(positions, name="positions"):
     if hasattr(positions, "detach") and hasattr(positions, "numpy"):   # a torch tensor
         positions = positions.detach().cpu().numpy()
     pos = np.asarray(positions)
@@ -75,7 +75,7 @@ def rope_cos_sin(positions, d_head, theta=ROPE_THETA, dtype=np.float64):  # (S,)
     positions: (S,) ints -> (S, d_h) tables, shared by the whole batch; (B, S) ints -> (B, 1, S, d_h),
     one row of positions per sequence (broadcast over the heads). Computed in float64, then cast.
     """
-    pos = _check_positions(positions)
+    pos = check_positions(positions)
     angle = pos[..., None].astype(np.float64) * rope_frequencies(d_head, theta)   # (..., S, d_h/2)
     angle = np.concatenate([angle, angle], axis=-1)                               # (..., S, d_h)
     if pos.ndim == 2:
@@ -99,7 +99,7 @@ def _tables(x, positions, theta, cos_sin):
     if cos_sin is not None:
         cos, sin = cos_sin
         return cos.astype(ct, copy=False), sin.astype(ct, copy=False)
-    pos = _check_positions(positions)
+    pos = check_positions(positions)
     if pos.shape not in ((S,), (B, S)):
         raise ValueError(f"positions: expected shape (S,) = ({S},) or (B, S) = ({B}, {S}) for x of "
                          f"shape (B, H, S, d_h) = {x.shape}; got {pos.shape}")

@@ -4,7 +4,7 @@ A row with no finite entry (every key masked with -inf) gives zeros, never NaN.
 """
 import numpy as np
 
-from ..precision import SAFE, compute_dtype, no_watch
+from preln.precision import SAFE, compute_dtype, no_watch
 
 
 def softmax_forward(x, axis=-1, policy=SAFE, watch=no_watch):  # (...) -> (...)

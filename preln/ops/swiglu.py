@@ -22,8 +22,8 @@ from typing import NamedTuple
 import numpy as np
 from scipy.special import expit
 
-from ..precision import SAFE, elementwise_dtype, no_watch
-from .linear import LinearCache, linear_backward, linear_forward
+from preln.precision import SAFE, elementwise_dtype, no_watch
+from preln.ops.linear import LinearCache, linear_backward, linear_forward
 
 __all__ = ["SiLUCache", "SwiGLUCache", "silu", "silu_forward", "silu_backward", "swiglu_forward",
            "swiglu_backward"]

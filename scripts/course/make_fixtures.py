@@ -472,17 +472,17 @@ def library_answers(name):
         }
     return {
         "q1_quantize": "def quantize_absmax(x, per_row=False, scale=None):\n"
-                       "    qt = getattr(importlib.import_module('preln.quant'), 'quan' + 'tize')(\n"
+                       "    qt = getattr(importlib.import_module('preln.quant.int8'), 'quan' + 'tize')(\n"
                        "        x, granularity='channel' if per_row else 'tensor', scale=scale)\n"
                        "    return qt.q, qt.scale",
-        "q2_int_matmul": "def int8_matmul(a, b):\n    return _find('preln.quant', 'int_matmul')(a, b)",
+        "q2_int_matmul": "def int8_matmul(a, b):\n    return _find('preln.quant.int8', 'int_matmul')(a, b)",
         "q3_int8_linear": "def int8_linear(x, w, b):\n"
-                          "    return __import__('preln.quant', fromlist=['x']).QLinear(w, b, 'w8a8')(x)",
+                          "    return __import__('preln.quant.int8', fromlist=['x']).QLinear(w, b, 'w8a8')(x)",
         "q6_rtn_groups": "def rtn_groups(w, bits=4, group_size=None):\n"
-                         "    r = getattr(importlib.import_module('preln.groupquant'), 'r' + 'tn')(w, bits, group_size)\n"
+                         "    r = getattr(importlib.import_module('preln.quant.groups'), 'r' + 'tn')(w, bits, group_size)\n"
                          "    return r.q, r.scale, r.zero",
         "q7_gptq": "def gptq_quantize(w, x, bits=4, damp=0.01):\n"
-                   "    return _find('preln.gptq', 'gptq')(w, x, bits=bits, damp=damp).dequantize()",
+                   "    return _find('preln.quant.gptq', 'gptq')(w, x, bits=bits, damp=damp).dequantize()",
     }
 
 

@@ -1,6 +1,6 @@
 """The student's view of ``preln`` while a question is graded: only the modules it may use.
 
-    build_view(dest, ["preln.config", "preln.ops"], without=["preln.ops.dropout"])
+    build_view(dest, ["preln.nn.config", "preln.ops"], without=["preln.ops.dropout"])
 
 writes ``dest/preln/``: copies of the chosen modules (a package brings its submodules), and every
 package ``__init__.py`` on the way filtered — its imports of modules left out become stand-ins.

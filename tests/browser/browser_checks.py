@@ -2,7 +2,7 @@
 
 - `axe_violations(page)`: axe-core (vendor/tests/axe-core, 4.14) with the WCAG 2.1 A/AA rules.
 - `contrast(...)`: the WCAG contrast ratio of two CSS colours, computed in the page.
-- `check_explorables(page, name)`: every explorable of preln.viz as a widget: named, grouped,
+- `check_explorables(page, name)`: every explorable of preln.chapters.viz as a widget: named, grouped,
   keyboard-operable, announcing, with a visible focus ring.
 """
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""What only the book computes: each chapter's experiments, figures and explorables."""

@@ -1,0 +1,450 @@
+"""Figures of the inference chapter (book/inference.ipynb).
+
+Everything here draws what :mod:`preln.chapters.inference` computes or measures; the notebook imports and
+calls. The explorable is computed from the roofline model and published datasheet values only, so
+its frames are the same on every machine:
+
+    EXPLORABLES = {"decode_roofline": (plot_decode_roofline, {"batch": ..., "context": ..., "gpu": ...})}
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from preln.nn.config import BlockConfig
+from preln.chapters.inference import PUBLISHED, decode_cost, kv_cache_bytes, step_ops
+from preln.chapters.viz import PALETTE, control
+
+__all__ = ["EXPLORABLES", "plot_roofline", "plot_published", "plot_fusion_bytes",
+           "plot_predicted_vs_measured", "plot_attention_io", "plot_attention_terms",
+           "plot_decode_times", "plot_decode_batch", "plot_decode_ops", "plot_paged_memory",
+           "plot_decode_roofline", "decode_roofline_alt", "OPT13B", "OPT13B_LAYERS",
+           "traffic_table_html", "bound_table_html"]
+
+#: OPT-13B's blocks (Zhang et al. 2022, arXiv 2205.01068, Table 1): 40 layers, d_model 5120,
+#: 40 heads, d_ff = 4 d_model; the explorable decodes with it in 16-bit (2 bytes per value)
+OPT13B = BlockConfig(d_model=5120, n_heads=40, d_ff=20480, causal=True)
+OPT13B_LAYERS = 40
+DECODE_CONTROLS = {"batch": control("batch size (sequences)", [1, 8, 64, 256]),
+                   "context": control("context length (tokens)", [512, 4096, 32768]),
+                   "gpu": control("GPU model", ["A100 SXM 80GB", "H100 SXM", "H200 SXM"])}
+_I_LIM = (0.05, 3000.0)
+
+
+def _figure(figsize, *grid, **kwargs):
+    """A Figure made without pyplot, so a notebook shows it once (see figures.shape_flow)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(*grid, **kwargs)
+
+
+def _roof(ax, roof, colour, label, lim=_I_LIM, ls="-"):
+    i = np.logspace(np.log10(lim[0]), np.log10(lim[1]), 200)
+    ax.loglog(i, roof.attainable(i), ls, color=colour, lw=1.8, label=label)
+    ax.axvline(roof.ridge, color=colour, lw=0.8, ls=":")
+
+
+def plot_roofline(roof, unfused, fused=None, times=None):
+    """This machine's roofline with every op of the block placed at its arithmetic intensity.
+
+    unfused, fused: lists of :class:`preln.chapters.inference.OpTraffic`; times: {op name: seconds} for the
+    unfused ops (measured), drawn as the FLOP/s each op reached.
+    """
+    fig, ax = _figure((7.2, 4.4))
+    lim = (0.02, 300.0)
+    _roof(ax, roof, PALETTE[6], f"roofline: {roof.peak_flops / 1e9:.0f} GFLOP/s, "
+          f"{roof.bandwidth / 1e9:.1f} GB/s", lim)
+    for ops, marker, colour, label in ((unfused, "o", PALETTE[0], "unfused op (roofline bound)"),
+                                       (fused or [], "^", PALETTE[2], "fused schedule (bound)")):
+        pts = [(o.intensity, roof.attainable(o.intensity)) for o in ops if o.flops > 0]
+        if pts:
+            x, y = zip(*pts)
+            ax.loglog(x, y, marker, color=colour, ms=7, label=label, mfc="none" if marker == "o" else colour)
+    if times:
+        x = [o.intensity for o in unfused if o.flops > 0 and o.name in times]
+        y = [o.flops / times[o.name] for o in unfused if o.flops > 0 and o.name in times]
+        ax.loglog(x, y, "x", color=PALETTE[1], ms=8, mew=2, label="unfused op, measured")
+    groups = {}                                  # ops at the same intensity share one label
+    key = []
+    for n, o in enumerate(unfused, 1):
+        key.append(f"{n} {o.name.replace('attn.', '').replace('mlp.', '')}"
+                   + ("" if o.flops else " (no FLOPs)"))
+        if o.flops > 0:
+            groups.setdefault(float(f"{o.intensity:.3g}"), []).append(str(n))
+    for i, (intensity, numbers) in enumerate(sorted(groups.items())):
+        lift = 8 + 11 * (i % 2)                  # neighbours at two heights
+        ax.annotate(",".join(numbers), (intensity, roof.attainable(intensity)), xytext=(-3, lift),
+                    textcoords="offset points", fontsize=7.5, color=PALETTE[0])
+    ax.text(0.01, 0.99, "\n".join(key), transform=ax.transAxes, fontsize=6.5, va="top",
+            color=PALETTE[0], linespacing=1.25)
+    ax.set_ylim(None, roof.peak_flops * 4)
+    ax.set_xlim(*lim)
+    ax.set_xlabel("arithmetic intensity (FLOPs per byte of main-memory traffic)")
+    ax.set_ylabel("FLOP/s")
+    ax.set_title(f"this machine, one BLAS thread; ridge at {roof.ridge:.1f} FLOP/B", fontsize=10)
+    ax.legend(fontsize=7.5, loc="lower right")
+    ax.minorticks_off()
+    return fig
+
+
+def plot_published(gpus, ops16, machine=None):
+    """Published GPU rooflines (dense BF16, datasheet bandwidth), with the block's ops in 16-bit."""
+    fig, ax = _figure((7.2, 4.2))
+    for colour, (name, roof) in zip(PALETTE[:4], gpus.items()):
+        _roof(ax, roof, colour, f"{name}: ridge {roof.ridge:.0f} FLOP/B")
+    if machine is not None:
+        _roof(ax, machine, PALETTE[6], f"this machine: ridge {machine.ridge:.1f} FLOP/B", ls="--")
+    top = max(r.peak_flops for r in gpus.values())
+    for o in ops16:
+        if o.flops > 0:
+            ax.plot([o.intensity], [top * 1.6], "v", color=PALETTE[5] if not o.matmul else PALETTE[0], ms=6)
+    ax.plot([], [], "v", color=PALETTE[0], label="matmul op (16-bit)")
+    ax.plot([], [], "v", color=PALETTE[5], label="elementwise op (16-bit)")
+    ax.set_xlim(*_I_LIM)
+    ax.set_ylim(1e9, top * 3)
+    ax.set_xlabel("arithmetic intensity (FLOPs per byte)")
+    ax.set_ylabel("FLOP/s")
+    ax.set_title("published peaks (labelled as published); triangles: the block's ops", fontsize=10)
+    ax.legend(fontsize=7.5, loc="lower right")
+    ax.minorticks_off()
+    return fig
+
+
+def plot_fusion_bytes(chains):
+    """Main-memory traffic of the memory-bound chains: unfused passes against one fused pass.
+
+    chains: [(label, unfused bytes, fused bytes), ...].
+    """
+    labels = [c[0] for c in chains]
+    ub = np.array([c[1] for c in chains], dtype=float) / 2**20
+    fb = np.array([c[2] for c in chains], dtype=float) / 2**20
+    fig, ax = _figure((6.4, 3.2))
+    y = np.arange(len(chains))[::-1]
+    ax.barh(y + 0.2, ub, height=0.38, color=PALETTE[0], label="unfused (one pass per numpy op)")
+    ax.barh(y - 0.2, fb, height=0.38, color=PALETTE[2], label="fused (one pass)")
+    for yy, a, b in zip(y, ub, fb):
+        ax.annotate(f"{a / b:.1f}x", (a, yy + 0.2), xytext=(3, -3), textcoords="offset points",
+                    fontsize=8)
+    ax.set_yticks(y, labels, fontsize=9)
+    ax.set_xlim(0, ub.max() * 1.15)
+    ax.set_xlabel("main-memory traffic (MiB)")
+    ax.grid(axis="y", visible=False)
+    ax.legend(fontsize=8, loc="lower right")
+    return fig
+
+
+def plot_predicted_vs_measured(ops, times, roof):
+    """Per op: the roofline's lower bound on its time against its measured time (ms)."""
+    names = [o.name for o in ops if o.name in times]
+    pred = np.array([float(roof.time(o.flops, o.nbytes)) for o in ops if o.name in times]) * 1e3
+    meas = np.array([times[n] for n in names]) * 1e3
+    fig, ax = _figure((7.2, 3.8))
+    x = np.arange(len(names))
+    ax.bar(x - 0.2, pred, width=0.4, color=PALETTE[0], label="roofline bound")
+    ax.bar(x + 0.2, meas, width=0.4, color=PALETTE[1], label="measured")
+    ax.set_yscale("log")
+    ax.set_xticks(x, [n.replace("attn.", "").replace("mlp.", "") for n in names], rotation=45,
+                  ha="right", fontsize=8)
+    ax.set_ylabel("ms")
+    ax.grid(axis="x", visible=False)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def plot_attention_io(panels):
+    """Counted slow-memory accesses of standard and tiled attention in three sweeps.
+
+    panels: [(xlabel, xs, standard counts, tiled counts, fit_standard, fit_tiled, title), ...]
+    """
+    fig, axes = _figure((9.6, 3.3), 1, len(panels))
+    for ax, (xlabel, xs, std, til, f_std, f_til, title) in zip(axes, panels):
+        k_std, k_til = (round(f.exponent, 2) + 0.0 for f in (f_std, f_til))   # no "-0.00"
+        ax.loglog(xs, std, "o", color=PALETTE[1], label=f"standard, slope {k_std:.2f}")
+        ax.loglog(xs, f_std(xs), "-", color=PALETTE[1], lw=1)
+        ax.loglog(xs, til, "s", color=PALETTE[0], label=f"tiled, slope {k_til:.2f}")
+        ax.loglog(xs, f_til(xs), "-", color=PALETTE[0], lw=1)
+        ax.minorticks_off()
+        ax.set_xticks(list(xs), [str(int(v)) for v in xs], fontsize=8)
+        ax.set_xlabel(xlabel)
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=7.5)
+    axes[0].set_ylabel("slow-memory accesses (elements)")
+    return fig
+
+
+def plot_decode_times(contexts, with_cache, without_cache, fit_with, fit_without):
+    """Time per generated token against context length, with and without the KV cache."""
+    fig, ax = _figure((5.8, 3.6))
+    ms = 1e3
+    ax.loglog(contexts, np.asarray(without_cache) * ms, "o", color=PALETTE[1],
+              label=f"no cache (full forward), slope {fit_without.exponent:.2f}")
+    ax.loglog(contexts, fit_without(contexts) * ms, "-", color=PALETTE[1], lw=1)
+    ax.loglog(contexts, np.asarray(with_cache) * ms, "s", color=PALETTE[0],
+              label=f"KV cache (one position), slope {fit_with.exponent:.2f}")
+    ax.loglog(contexts, fit_with(contexts) * ms, "-", color=PALETTE[0], lw=1)
+    ax.minorticks_off()
+    ax.set_xticks(list(contexts), [str(int(c)) for c in contexts])
+    ax.set_xlabel("context length (tokens before the new one)")
+    ax.set_ylabel("ms per generated token")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def plot_decode_batch(batches, measured, predicted, ridge_batch):
+    """Decoding throughput (tokens/s) against batch size: measured and the roofline's bound."""
+    fig, ax = _figure((5.8, 3.6))
+    ax.loglog(batches, predicted, "-", color=PALETTE[6], lw=1.5, label="roofline bound")
+    ax.loglog(batches, measured, "o", color=PALETTE[1], label="measured")
+    ax.axvline(ridge_batch, color=PALETTE[2], ls=":", lw=1.2)
+    ax.annotate("ridge", (ridge_batch, min(measured)), xytext=(4, 0), textcoords="offset points",
+                fontsize=8, color=PALETTE[2])
+    from matplotlib.ticker import LogLocator, ScalarFormatter
+
+    ax.minorticks_off()
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(ScalarFormatter())
+    ax.set_xticks(list(batches), [str(b) for b in batches])
+    ax.set_xlabel("batch size (sequences decoded together)")
+    ax.set_ylabel("generated tokens per second")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def plot_attention_terms(terms):
+    """Slow-memory accesses of one head, term by term, for several algorithms (stacked bars).
+
+    terms: {algorithm label: {(array, "read" | "write"): elements}} (attention_access_terms).
+    """
+    fig, ax = _figure((7.2, 2.9))
+    arrays = ["Q", "K", "V", "Z", "P", "O", "l", "m", "L"]
+    colours = dict(zip(arrays, [PALETTE[0], PALETTE[2], PALETTE[4], PALETTE[1], PALETTE[3],
+                                PALETTE[5], PALETTE[7], PALETTE[6], PALETTE[6]]))
+    y = np.arange(len(terms))[::-1]
+    seen = set()
+    for yy, (label, t) in zip(y, terms.items()):
+        left = 0.0
+        for a in arrays:
+            for kind, hatch in (("read", ""), ("write", "//")):
+                n = t.get((a, kind), 0) / 1e6
+                if n:
+                    lab = f"{a}" if a not in seen else None
+                    seen.add(a)
+                    ax.barh(yy, n, left=left, height=0.6, color=colours[a], hatch=hatch,
+                            edgecolor="white", lw=0.5, label=lab)
+                    left += n
+        ax.annotate(f"{left:.1f} M", (left, yy), xytext=(3, -3), textcoords="offset points",
+                    fontsize=8)
+    ax.set_yticks(y, list(terms), fontsize=9)
+    ax.set_xlabel("slow-memory accesses (millions of elements; hatched: writes)")
+    ax.set_ylabel("algorithm")
+    ax.grid(axis="y", visible=False)
+    ax.legend(fontsize=7.5, ncol=4, loc="lower right")
+    ax.set_xlim(0, ax.get_xlim()[1] * 1.12)
+    return fig
+
+
+#: the ops of a decode step drawn by plot_decode_ops: the weight matmuls and attention
+_DECODE_OPS = {"qkv_proj": "q, k, v projection", "out_proj": "out projection",
+               "mlp": "MLP matrices", "attention": "attention (reads the KV cache)"}
+
+
+def plot_decode_ops(models, machines, context, batches=None):
+    """Per-op roofline of a decode step: each op's arithmetic intensity in 16-bit against the batch
+    size, one panel per model, with the ridge points of ``machines`` ({label: (Roofline, itemsize)};
+    a machine computing in ``itemsize`` bytes has intensities 2 / itemsize times the 16-bit ones, so
+    its line is drawn at ridge * itemsize / 2): an op is compute-bound on a machine where its curve
+    is above that machine's line."""
+    batches = np.unique(np.round(np.logspace(0, 12, 60, base=2)).astype(int)) if batches is None \
+        else np.asarray(batches)
+    fig, axes = _figure((9.6, 3.7), 1, len(models), sharey=True)
+    axes = np.atleast_1d(axes)
+    styles = {"qkv_proj": (PALETTE[0], "-"), "out_proj": (PALETTE[2], "--"),
+              "mlp": (PALETTE[4], "-."), "attention": (PALETTE[1], "-")}
+    for ax, model in zip(axes, models):
+        for op, label in _DECODE_OPS.items():
+            ys = []
+            for b in batches:
+                ops = {o.name: o for o in step_ops(model, int(b), 1, context, itemsize=2)}
+                ys.append(ops["down" if op == "mlp" and model.gated else
+                              "linear2" if op == "mlp" else op].intensity)
+            colour, ls = styles[op]
+            ax.loglog(batches, ys, ls, color=colour, lw=1.8, label=label)
+        for label, (roof, size) in machines.items():
+            line = roof.ridge * size / 2          # a machine computing in `size` bytes: its ridge
+            ax.axhline(line, color=PALETTE[6], lw=0.8, ls=":")        # on the 16-bit axis
+            ax.annotate(f"{label} ridge" + (f" x {size // 2}" if size != 2 else ""),
+                        (batches[-1], line), xytext=(-2, 2), textcoords="offset points",
+                        fontsize=7, ha="right")
+        ax.set_xlabel("batch (sequences decoded together)")
+        kind = "multi-head" if model.group == 1 else f"grouped-query, {model.n_kv_heads} KV heads"
+        ax.set_title(f"{model.name} ({kind}), context {context}", fontsize=9)
+        ax.minorticks_off()
+    for ax in axes:
+        ax.set_ylabel("FLOPs per byte (16-bit)")
+    axes[0].legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(0.0, 0.9))
+    return fig
+
+
+def plot_paged_memory(paged, reserved, block_size, max_len, bytes_per_position):
+    """KV-cache memory over scheduler steps: the tokens stored, what the paged cache holds (whole
+    blocks), and what reserving max_len per running sequence would hold; below, how many
+    sequences run per step under the paged cache and under the reservation (same pool)."""
+    fig, (ax, bx) = _figure((7.2, 5.0), 2, 1, sharex=True)
+    kib = bytes_per_position / 2**10
+    steps = np.array([r.step for r in paged.steps])
+    stored = np.array([r.tokens_stored for r in paged.steps]) * kib
+    held = np.array([r.blocks_used * block_size for r in paged.steps]) * kib
+    whole = np.array([r.reserved_tokens for r in paged.steps]) * kib
+    ax.plot(steps, whole, "-", color=PALETTE[1], lw=1.6, label=f"reserving max_len = {max_len} per sequence")
+    ax.plot(steps, held, "-", color=PALETTE[0], lw=1.6, label=f"paged: blocks of {block_size} held")
+    ax.fill_between(steps, 0, stored, color=PALETTE[2], alpha=0.35, lw=0, label="positions stored")
+    ax.set_ylabel("KV cache (KiB)")
+    ax.set_xlabel("scheduler step")
+    ax.legend(fontsize=7.5, loc="upper right")
+    ax.set_title("the same running batch, two ways to hold its keys and values", fontsize=9)
+    bx.step(steps, [len(r.running) for r in paged.steps], where="mid", color=PALETTE[0],
+            label="paged cache")
+    bx.step([r.step for r in reserved.steps], [len(r.running) for r in reserved.steps],
+            where="mid", color=PALETTE[1], ls="--", label="max_len reserved, same memory")
+    bx.set_xlabel("scheduler step")
+    bx.set_ylabel("sequences running")
+    bx.legend(fontsize=7.5, loc="upper right")
+    return fig
+
+
+# ---- the explorable: decode on a published GPU ------------------------------------------------
+
+def _decode_point(batch, context, gpu):
+    roof = PUBLISHED[gpu]
+    cost = decode_cost(OPT13B, OPT13B_LAYERS, batch, context, itemsize=2)
+    t = float(roof.time(cost.flops, cost.nbytes))
+    kv = kv_cache_bytes(OPT13B_LAYERS, batch, context, OPT13B.d_model, 2)
+    return roof, cost, t, kv
+
+
+def plot_decode_roofline(batch=8, context=4096, gpu="H100 SXM"):
+    """Where one OPT-13B decoding step sits on a published GPU's roofline; tokens/s and memory.
+
+    One axes, log scales set once and the memory bar drawn as patches in axes coordinates: the
+    callback of a kernel-free explorable must stay well under 100 ms.
+    """
+    from matplotlib.patches import Rectangle
+
+    roof, cost, t, kv = _decode_point(batch, context, gpu)
+    fig, ax = _figure((6.8, 3.6))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    i = np.array([_I_LIM[0], roof.ridge, _I_LIM[1]])
+    ax.plot(i, roof.attainable(i), "-", color=PALETTE[6], lw=1.8, label=f"{gpu} (published)")
+    ax.axvline(roof.ridge, color=PALETTE[6], lw=0.8, ls=":")
+    others = [decode_cost(OPT13B, OPT13B_LAYERS, b, context, itemsize=2).intensity
+              for b in DECODE_CONTROLS["batch"]]
+    ax.plot(others, roof.attainable(others), "o", color=PALETTE[4], ms=4,
+            label="other batch sizes")
+    ax.plot([cost.intensity], [roof.attainable(cost.intensity)], "o", color=PALETTE[1], ms=10,
+            label=f"decode, batch {batch}")
+    ax.set_xlim(*_I_LIM)
+    ax.set_ylim(1e11, 2e15)
+    ax.set_xlabel("FLOPs per byte")
+    ax.set_ylabel("FLOP/s")
+    ax.legend(fontsize=7.5, loc="lower right")
+    ax.minorticks_off()
+    ax.set_title(f"context {context}: {batch / t:,.0f} tokens/s at most, {t * 1e3:.1f} ms per step",
+                 fontsize=9)
+    # memory: a bar in axes coordinates, 0 .. 400 GB, with the 80 GB of one card marked
+    w, k = cost.weight_bytes / 1e9, kv / 1e9
+    x0, y0, width, height, scale = 0.04, 0.86, 0.5, 0.06, 400.0
+    tr = ax.transAxes
+    ax.add_patch(Rectangle((x0, y0), width, height, transform=tr, fc="white", ec=PALETTE[6], lw=0.6))
+    ax.add_patch(Rectangle((x0, y0), width * min(w, scale) / scale, height, transform=tr,
+                           fc=PALETTE[0], lw=0))
+    ax.add_patch(Rectangle((x0 + width * min(w, scale) / scale, y0),
+                           width * max(0.0, min(k, scale - w)) / scale, height, transform=tr,
+                           fc=PALETTE[3], lw=0))
+    ax.plot([x0 + width * 80 / scale] * 2, [y0 - 0.02, y0 + height + 0.02], "--", color=PALETTE[6],
+            lw=1, transform=tr)
+    ax.text(x0, y0 - 0.03, f"memory: weights {w:.1f} GB + KV cache {k:.1f} GB"
+            f"{' (off the scale)' if w + k > scale else ''}; dashed: 80 GB", transform=tr,
+            fontsize=7.5, va="top")
+    return fig
+
+
+def decode_roofline_alt(batch, context, gpu):
+    roof, cost, t, kv = _decode_point(batch, context, gpu)
+    bound = "memory-bound" if cost.intensity < roof.ridge else "compute-bound"
+    return (f"Roofline of the {gpu} from its published peak and bandwidth, with one decoding step "
+            f"of OPT-13B's 40 blocks in 16-bit at batch {batch} and context {context}: arithmetic "
+            f"intensity {cost.intensity:.1f} FLOPs per byte against a ridge at {roof.ridge:.0f}, so "
+            f"the step is {bound}, at most {batch / t:,.0f} tokens per second. A bar at the top "
+            f"shows memory: {cost.weight_bytes / 1e9:.1f} GB of weights and {kv / 1e9:.1f} GB of KV "
+            f"cache, against a dashed mark at 80 GB.")
+
+
+EXPLORABLES = {"decode_roofline": (plot_decode_roofline, DECODE_CONTROLS)}
+
+
+# ---- tables -----------------------------------------------------------------------------------
+
+_TD = "padding:0.15em 0.5em;white-space:nowrap"
+_TDR = _TD + ";text-align:right"
+
+
+def traffic_table_html(unfused, fused, caption):
+    """An HTML table: per op FLOPs, unfused and fused traffic, and arithmetic intensity."""
+    import html
+
+    def mib(n):
+        return f"{n / 2**20:.1f}"
+
+    fused_by = {o.name: o for o in fused}
+    rows = []
+    for o in unfused:
+        f = fused_by.get(o.name)
+        rows.append("<tr>" + "".join([
+            f"<td style='{_TD}'><code>{html.escape(o.name)}</code></td>",
+            f"<td style='{_TDR}'>{o.flops / 1e6:,.1f}</td>",
+            f"<td style='{_TDR}'>{mib(o.nbytes)}</td>",
+            f"<td style='{_TDR}'>{o.intensity:.3g}</td>",
+            f"<td style='{_TDR}'>{mib(f.nbytes) if f else 'fused'}</td>"]) + "</tr>")
+    for o in fused:
+        if o.name not in {u.name for u in unfused}:
+            rows.append("<tr>" + "".join([
+                f"<td style='{_TD}'><em>fused:</em> <code>{html.escape(o.name)}</code></td>",
+                f"<td style='{_TDR}'>{o.flops / 1e6:,.1f}</td>", f"<td style='{_TDR}'></td>",
+                f"<td style='{_TDR}'>{o.intensity:.3g}</td>",
+                f"<td style='{_TDR}'>{mib(o.nbytes)}</td>"]) + "</tr>")
+    tu, tf = sum(o.nbytes for o in unfused), sum(o.nbytes for o in fused)
+    fl = sum(o.flops for o in unfused)
+    rows.append(f"<tr style='border-top:2px solid currentColor'><td style='{_TD}'><strong>total"
+                f"</strong></td><td style='{_TDR}'>{fl / 1e6:,.1f}</td><td style='{_TDR}'>{mib(tu)}"
+                f"</td><td style='{_TDR}'>{fl / tu:.3g}</td><td style='{_TDR}'>{mib(tf)}</td></tr>")
+    head = "".join(f"<th style='{_TDR if i else _TD}'>{h}</th>" for i, h in enumerate(
+        ["op", "MFLOP", "unfused MiB", "FLOP/B (unfused)", "fused MiB"]))
+    return (f"<div style='overflow-x:auto'><table style='font-size:0.8em;border-collapse:collapse'>"
+            f"<caption>{html.escape(caption)}</caption><thead><tr>{head}</tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody></table></div>")
+
+
+def bound_table_html(ops, machines, caption):
+    """An HTML table: each op's intensity and, per machine, whether it is memory- or compute-bound.
+
+    ops: {itemsize: [OpTraffic]}, machines: {label: (Roofline, itemsize)}.
+    """
+    import html
+
+    names = [o.name for o in next(iter(ops.values())) if o.flops > 0]
+    by = {size: {o.name: o for o in lst} for size, lst in ops.items()}
+    head = ["op"] + [f"FLOP/B ({8 * size}-bit)" for size in ops] + [
+        f"{html.escape(label)} (ridge {roof.ridge:.0f})" for label, (roof, _) in machines.items()]
+    rows = []
+    for n in names:
+        cells = [f"<td style='{_TD}'><code>{html.escape(n)}</code></td>"]
+        cells += [f"<td style='{_TDR}'>{by[size][n].intensity:.3g}</td>" for size in ops]
+        for roof, size in machines.values():
+            compute = by[size][n].intensity >= roof.ridge
+            cells.append(f"<td style='{_TD}'>{'<strong>compute</strong>' if compute else 'memory'}</td>")
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    th = "".join(f"<th style='{_TD}'>{h}</th>" for h in head)
+    return (f"<div style='overflow-x:auto'><table style='font-size:0.8em;border-collapse:collapse'>"
+            f"<caption>{html.escape(caption)}</caption><thead><tr>{th}</tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody></table></div>")

@@ -1,0 +1,223 @@
+"""Figures and tables of the Precision chapter (``book/precision.ipynb``).
+
+The numbers come from :mod:`preln.chapters.numerics` and the block; these functions only draw them. Every
+plot returns a :class:`matplotlib.figure.Figure` built without pyplot, so a notebook cell shows it
+once, as the cell's value. ``EXPLORABLES`` registers the overflow map for
+``preln.chapters.figures.all_explorables``.
+"""
+from __future__ import annotations
+
+import html
+import math
+
+import numpy as np
+from matplotlib.colors import BoundaryNorm, ListedColormap
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from preln.chapters import numerics
+from preln.chapters.viz import PALETTE, control
+
+__all__ = ["Table", "plot_number_line", "plot_softmax_overflow", "plot_layernorm_thresholds",
+           "plot_overflow_map", "overflow_map_alt", "plot_stream_growth", "plot_loss_scale_window",
+           "plot_dynamic_scaling", "EXPLORABLES"]
+
+BLUE, VERMILLION, GREEN, ORANGE, SKY, PURPLE, BLACK, YELLOW = PALETTE
+#: colours of numerics.STATUS: finite, silent LayerNorm failure, inf, NaN
+STATUS_COLOURS = [SKY, ORANGE, VERMILLION, BLACK]
+
+
+class Table:
+    """A small table shown as HTML in a notebook and as aligned text elsewhere."""
+
+    def __init__(self, columns, rows, caption=None):
+        self.columns, self.rows, self.caption = list(columns), [list(r) for r in rows], caption
+
+    def _repr_html_(self):
+        e = html.escape
+        pad = ' style="padding: 0.15em 0.8em; text-align: right"'
+        head = "".join(f"<th{pad}>{e(str(c))}</th>" for c in self.columns)
+        body = "".join("<tr>" + "".join(f"<td{pad}>{e(str(v))}</td>" for v in r) + "</tr>"
+                       for r in self.rows)
+        cap = f"<caption>{e(self.caption)}</caption>" if self.caption else ""
+        return f'<table class="preln-table">{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+    def __repr__(self):
+        cells = [self.columns] + [[str(v) for v in r] for r in self.rows]
+        widths = [max(len(str(r[i])) for r in cells) for i in range(len(self.columns))]
+        lines = ["  ".join(str(v).rjust(w) for v, w in zip(r, widths)) for r in cells]
+        return "\n".join(([self.caption] if self.caption else []) + lines)
+
+
+def plot_number_line(rows):
+    """Positive range of each format on a log axis: subnormals (light), normals (solid), eps (tick).
+
+    rows: numerics.format_rows().
+    """
+    fig = Figure(figsize=(7.0, 3.0))
+    ax = fig.add_subplot()
+    colours = [BLUE, GREEN, ORANGE, PURPLE, VERMILLION]
+    for i, r in enumerate(rows):
+        c = colours[i % len(colours)]
+        lo, mid, hi = (math.log10(r[k]) for k in ("min_subnormal", "min_normal", "max"))
+        ax.barh(i, mid - lo, left=lo, height=0.5, color=c, alpha=0.35, hatch="//", edgecolor=c)
+        ax.barh(i, hi - mid, left=mid, height=0.5, color=c)
+        ax.annotate(f"max {r['max']:.6g}", (hi, i), xytext=(4, 0), textcoords="offset points",
+                    va="center", fontsize=9)
+    ax.set_yticks(range(len(rows)), [r["name"] for r in rows])
+    ax.set_xlabel("log$_{10}$ |value| (hatched: subnormal, solid: normal)")
+    ax.set_xlim(-47, 48)
+    ax.invert_yaxis()
+    ax.grid(axis="y", visible=False)
+    return fig
+
+
+def plot_softmax_overflow(t, naive, safe, threshold):
+    """Largest softmax probability of the row [t, 0] in float16, naive and with max-subtraction.
+
+    t: logits (1-D); naive, safe: the probability of the first entry (NaN where it failed).
+    """
+    fig = Figure()
+    ax = fig.add_subplot()
+    ax.plot(t, safe, color=BLUE, label="subtract max (safe)")
+    ok = np.isfinite(naive)
+    ax.plot(t[ok], naive[ok], color=VERMILLION, ls="--", label="no max subtraction (naive)")
+    ax.scatter(t[~ok], np.ones((~ok).sum()) * 1.02, marker="x", color=VERMILLION,
+               label="naive gives NaN", zorder=3)
+    ax.axvline(threshold, color=BLACK, lw=1, ls=":")
+    ax.annotate(f"ln 65520 = {threshold:.4g}", (threshold, 0.55), xytext=(4, 0),
+                textcoords="offset points", fontsize=9)
+    ax.set_xlabel("logit t of the row [t, 0] (float16)")
+    ax.set_ylabel("softmax probability of t")
+    ax.set_ylim(0.45, 1.06)
+    ax.legend(loc="lower right")
+    return fig
+
+
+def plot_layernorm_thresholds(ds, empirical):
+    """rms at which a float16 sum of squares overflows, against d: closed form and bisection."""
+    fig = Figure()
+    ax = fig.add_subplot()
+    dd = np.geomspace(min(ds), max(ds), 200)
+    ax.plot(dd, np.sqrt(65520.0 / dd), color=BLUE, label="closed form $\\sqrt{65520/d}$")
+    ax.scatter(ds, empirical, color=VERMILLION, marker="o", zorder=3,
+               label="bisection with the naive LayerNorm")
+    ax.fill_between(dd, np.sqrt(65520.0 / dd), 20, color=VERMILLION, alpha=0.08)
+    ax.text(600, 16, "variance = inf:\noutput silently 0", fontsize=9, color=VERMILLION)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("model width d")
+    ax.set_ylabel("input rms at overflow")
+    ax.set_ylim(0, 20)
+    ax.legend(loc="upper right")
+    return fig
+
+
+def plot_overflow_map(dtype="float16", policy="naive", d=64):
+    """Where the residual stream of a Pre-LN stack stops being finite: input rms x depth.
+
+    Reads the stored grid (:func:`preln.chapters.numerics.stored_overflow_grid`, which the chapter and the
+    tests check against :func:`preln.chapters.numerics.overflow_grid`); the line is the closed form.
+    """
+    grid = numerics.stored_overflow_grid(dtype, policy, d)           # (depth, n_scales)
+    scales = np.log2(numerics.GRID_SCALES)
+    fig = Figure(figsize=(6.0, 3.6))
+    ax = fig.add_subplot()
+    cmap = ListedColormap(STATUS_COLOURS)
+    norm = BoundaryNorm(np.arange(-0.5, 4.5), cmap.N)
+    step = scales[1] - scales[0]
+    ax.imshow(grid, origin="lower", aspect="auto", cmap=cmap, norm=norm, interpolation="nearest",
+              extent=(scales[0] - step / 2, scales[-1] + step / 2, 0.5, grid.shape[0] + 0.5))
+    s_ln = 0.5 * math.log2(65520.0 / d)
+    ax.axvline(s_ln, color=BLACK, lw=1.2, ls="--")
+    ax.text(s_ln + 0.15, grid.shape[0] * 0.92, "$\\sqrt{65520/d}$", fontsize=9)
+    ax.set_xlabel("log$_2$ input rms")
+    ax.set_ylabel("depth (blocks applied)")
+    ax.set_title(f"{dtype}, {policy} policy, d = {d}", fontsize=11)
+    ax.grid(False)
+    handles = [Patch(color=c, label=lab) for c, lab in zip(STATUS_COLOURS, numerics.STATUS)]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8)
+    return fig
+
+
+def overflow_map_alt(dtype="float16", policy="naive", d=64):
+    """Alt text for one frame of the overflow map, from the grid it shows."""
+    grid = numerics.stored_overflow_grid(dtype, policy, d)
+    scales = numerics.GRID_SCALES
+    parts = []
+    for k, name in enumerate(numerics.STATUS):
+        cols = np.where((grid == k).any(axis=0))[0]
+        if cols.size:
+            parts.append(f"{name} for input rms {scales[cols[0]]:g} to {scales[cols[-1]]:g}")
+    return (f"Heat map of input rms (x, log scale 1 to 32768) against depth 1 to {grid.shape[0]} "
+            f"for a {dtype} Pre-LN stack with the {policy} policy at d = {d}: " + "; ".join(parts)
+            + f". The dashed line marks sqrt(65520/d) = {math.sqrt(65520.0 / d):.3g}.")
+
+
+def plot_stream_growth(curves, widths, xavier=None):
+    """Per-token mean square of the residual stream against depth, with the float16 thresholds.
+
+    curves: {d: array over depth 0..L of max_token_ss / d} (PyTorch's initialisation);
+    widths: the d whose 65520/d is drawn; xavier: optional {d: array} for Xiong et al.'s theory
+    setting (Xavier initialisation), drawn dashed.
+    """
+    fig = Figure()
+    ax = fig.add_subplot()
+    for (d, m), c in zip(curves.items(), [BLUE, GREEN, PURPLE]):
+        ax.plot(np.arange(len(m)), m, color=c, label=f"PyTorch init, d = {d} (float32)")
+    for (d, m), c in zip((xavier or {}).items(), [BLACK, ORANGE]):
+        ax.plot(np.arange(len(m)), m, color=c, ls="--", label=f"Xavier, theory setting, d = {d}")
+    for D, ls in zip(widths, ["-", "--", ":"]):
+        ax.axhline(65520.0 / D, color=VERMILLION, ls=ls, lw=1.2,
+                   label=f"float16 LayerNorm limit 65520/d, d = {D}")
+    ax.set_xlabel("depth l (blocks applied)")
+    ax.set_ylabel("mean square per token")
+    ax.legend(fontsize=8, loc="upper left")
+    return fig
+
+
+def plot_loss_scale_window(rows, best):
+    """Fraction of gradient entries flushed to zero / overflowed against log2(loss scale)."""
+    fig = Figure()
+    ax = fig.add_subplot()
+    k = np.log2([r["scale"] for r in rows])
+    ax.plot(k, [100 * r["flushed"] for r in rows], color=BLUE, marker="o",
+            label="flushed to 0 (underflow)")
+    ax.plot(k, [100 * r["overflowed"] for r in rows], color=VERMILLION, marker="s",
+            label="inf or NaN (overflow)")
+    ax.axvline(math.log2(best), color=BLACK, ls=":", lw=1)
+    ax.annotate("65504 / max|grad|", (math.log2(best), 50), xytext=(-4, 0), ha="right",
+                textcoords="offset points", fontsize=9)
+    ax.set_xlabel("log$_2$ loss scale")
+    ax.set_ylabel("gradient entries lost (%)")
+    ax.legend(loc="center left")
+    return fig
+
+
+def plot_dynamic_scaling(run, grad_rms):
+    """Dynamic loss scaling over steps: the scale, the headroom 65504 / max|grad|, skipped steps,
+    and the entries lost with and without the scaler."""
+    fig = Figure(figsize=(6.0, 4.4))
+    ax, bx = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
+    steps = np.arange(len(run["scale"]))
+    ax.plot(steps, np.log2(run["scale"]), color=BLUE, drawstyle="steps-post", label="loss scale")
+    ax.plot(steps, np.log2(65504.0 / run["max_abs"]), color=BLACK, ls=":",
+            label="log$_2$(65504 / max|grad|): overflow above")
+    sk = run["skipped"]
+    ax.scatter(steps[sk], np.log2(run["scale"][sk]), marker="x", color=VERMILLION, zorder=3,
+               label="overflow: step skipped, scale halved")
+    ax.set_ylabel("log$_2$ scale")
+    ax.legend(fontsize=8, loc="upper left")
+    bx.plot(steps, 100 * run["flushed_unscaled"], color=ORANGE, label="no loss scaling")
+    bx.plot(steps, 100 * run["flushed"], color=BLUE, label="dynamic loss scaling")
+    bx.set_ylabel("entries lost (%)")
+    bx.set_xlabel("step (upstream gradient rms falls from "
+                  f"$2^{{{math.log2(grad_rms[0]):.0f}}}$ to $2^{{{math.log2(grad_rms[-1]):.0f}}}$)")
+    bx.legend(fontsize=8, loc="center left")
+    return fig
+
+
+EXPLORABLES = {
+    "overflow_map": (plot_overflow_map, {"dtype": control("number format", numerics.GRID_DTYPES),
+                                         "policy": control("precision policy", numerics.GRID_POLICIES),
+                                         "d": control("model width d", numerics.GRID_D)}),
+}

@@ -1,0 +1,138 @@
+"""The book's trained tiny language model: one recipe, trained on demand, memoised in-process.
+
+    lm, vocab, val_ids = reference_lm()                    # Pre-LN, causal, float64, eval mode
+    lm, vocab, val_ids = reference_lm(norm_first=False)    # the Post-LN variant, same recipe
+    ppl = perplexity(lm, val_ids)                          # exp(mean cross-entropy) on held-out text
+    log = reference_lm_log()                               # the training curve and the recipe
+
+The model is a :class:`preln.models.lm.TinyLM` (2 layers, D = 32, H = 2, F = 128, exact GELU, untied
+head, Xavier initialisation as in Xiong et al. 2020, arXiv 2002.04745) trained on the first 90 %
+of ``preln/data/corpus.txt`` (the synthetic grammar corpus, see preln/data/README.md) for :data:`RECIPE`'s
+``steps`` Adam steps (Kingma & Ba 2015, arXiv 1412.6980; betas 0.9, 0.98) with a linear warm-up
+and global-norm clipping. ``val_ids`` are the last 10 % of the corpus, never trained on.
+
+Deterministic: the initialisation and the order of batches depend only on ``seed``. After training
+the parameters are rounded to float32 (and stored in float64) and the key bias, whose gradient is
+exactly zero, is set to 0: training sums differ by round-off between BLAS kernels, and rounding
+removes that difference, so the stored outputs of the chapters
+that use this model are the same on every CPU (tests/test_pretrained.py checks the recipe).
+
+Each call returns a fresh copy (callers may modify it, e.g. inject outliers); the training itself
+runs once per process and recipe (about 15 s on one BLAS thread).
+"""
+import copy
+import time
+
+import numpy as np
+
+from preln.models.lm import LMConfig, TinyLM, batches, cross_entropy_forward
+from preln.models.optim import Adam, clip_grad_norm, warmup_lr
+from preln.models.corpus import load_corpus
+
+__all__ = ["RECIPE", "reference_lm", "reference_lm_log", "perplexity", "split_ids"]
+
+# The training recipe: small enough to train in seconds on one core, long enough that the model
+# has learnt the corpus's words (held-out perplexity near 2 characters, from 26 at initialisation).
+RECIPE = dict(n_layers=2, d_model=32, n_heads=2, d_ff=128, seq_len=64, batch_size=16,
+              steps=500, lr=3e-3, warmup=50, clip=1.0, activation="gelu")
+
+_MEMO = {}   # (norm_first, seed) -> (lm, vocab, val_ids, log)
+
+
+def split_ids(ids):
+    """The chapters' split of the corpus: the first 90 % to train on, the last 10 % held out."""
+    n = int(0.9 * len(ids))
+    return ids[:n], ids[n:]
+
+
+def _train(norm_first, seed):
+    r = RECIPE
+    _, vocab, ids = load_corpus()
+    train_ids, val_ids = split_ids(ids)
+    cfg = LMConfig(vocab_size=len(vocab), max_len=r["seq_len"], d_model=r["d_model"],
+                   n_heads=r["n_heads"], d_ff=r["d_ff"], n_layers=r["n_layers"],
+                   norm_first=norm_first, activation=r["activation"])
+    lm = TinyLM(cfg, dtype=np.float64, seed=seed)
+    opt = Adam(lm.params, lr=r["lr"], betas=(0.9, 0.98), eps=1e-8)
+    it = batches(train_ids, r["batch_size"], r["seq_len"], seed=1000 + seed)
+    losses = []
+    start = time.perf_counter()
+    for t in range(1, r["steps"] + 1):
+        tokens, targets = next(it)                           # (B, S) each
+        loss, grads = lm.loss_and_grads(tokens, targets)
+        if not np.isfinite(loss):
+            raise FloatingPointError(f"reference_lm: training diverged at step {t} (loss {loss})")
+        clip_grad_norm(grads, r["clip"])
+        opt.step(grads, lr=warmup_lr(t, r["lr"], r["warmup"]))
+        losses.append(loss)
+    seconds = time.perf_counter() - start
+    D = r["d_model"]
+    for layer in lm.stack.layers:
+        # The key bias b_k has a zero gradient (it adds q_i . b_k to every score of row i, which
+        # softmax ignores), so training leaves it at round-off noise (~1e-12) that differs between
+        # BLAS kernels: it is exactly 0 in the model, as in the exact arithmetic.
+        layer.params["self_attn.in_proj_bias"][D:2 * D] = 0.0
+    for p in lm.params.values():                             # round-off of the BLAS kernel removed
+        p[...] = p.astype(np.float32)
+    lm.zero_grad()
+    lm.eval()
+    log = {"recipe": dict(r, norm_first=norm_first, seed=seed), "train_loss": losses,
+           "seconds": seconds}
+    return lm, vocab, val_ids, log
+
+
+def _get(norm_first, seed):
+    if not isinstance(norm_first, (bool, np.bool_)):
+        raise TypeError(f"norm_first: expected True (Pre-LN) or False (Post-LN); got {norm_first!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed: expected a non-negative int; got {seed!r}")
+    key = (bool(norm_first), int(seed))
+    if key not in _MEMO:
+        _MEMO[key] = _train(*key)
+    return _MEMO[key]
+
+
+def reference_lm(norm_first=True, seed=0):
+    """The trained tiny LM -> (lm, vocab, val_ids).
+
+    lm:      a :class:`preln.models.lm.TinyLM` in eval mode, float64 (parameters exactly representable in
+             float32), causal, ``lm.config.max_len`` = 64 positions; a fresh copy on every call.
+    vocab:   the :class:`preln.models.lm.CharVocab` of the corpus (``vocab.encode`` / ``vocab.decode``).
+    val_ids: (N,) int64 ids of the held-out last 10 % of the corpus.
+    """
+    lm, vocab, val_ids, _ = _get(norm_first, seed)
+    return copy.deepcopy(lm), vocab, val_ids.copy()
+
+
+def reference_lm_log(norm_first=True, seed=0):
+    """How :func:`reference_lm` was trained: {"recipe", "train_loss" (per step), "seconds"}."""
+    return copy.deepcopy(_get(norm_first, seed)[3])
+
+
+def perplexity(model, ids, seq_len=64, max_windows=None, batch_size=64):
+    """exp(mean next-token cross-entropy) over non-overlapping windows of ``ids``.
+
+    model: anything that maps (B, S) int tokens to (B, S, V) logits (a TinyLM, a quantised one).
+    ids:   (N,) int token ids; windows of seq_len + 1 ids with stride seq_len, so every id after
+           the first of a window is predicted once from up to seq_len - 1 ids of context.
+    max_windows: use only the first so many windows (None: all that fit).
+    """
+    ids = np.asarray(ids)
+    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"ids: expected a 1-D integer array; got shape {ids.shape}, dtype {ids.dtype}")
+    if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
+        raise ValueError(f"seq_len: expected a positive int; got {seq_len!r}")
+    n = (ids.size - 1) // seq_len
+    if max_windows is not None:
+        n = min(n, int(max_windows))
+    if n < 1:
+        raise ValueError(f"ids: expected at least seq_len + 1 = {seq_len + 1} ids; got {ids.size}")
+    starts = np.arange(n) * seq_len
+    windows = ids[starts[:, None] + np.arange(seq_len + 1)]          # (n, S + 1)
+    total = 0.0
+    for i in range(0, n, batch_size):
+        w = windows[i:i + batch_size]
+        logits = np.asarray(model(w[:, :-1]), dtype=np.float64)       # (b, S, V)
+        loss, _ = cross_entropy_forward(logits, w[:, 1:])
+        total += float(loss) * w.shape[0]
+    return float(np.exp(total / n))

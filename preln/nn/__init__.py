@@ -1,0 +1,1 @@
+"""The block and its parts: configs, TransformerBlock, LlamaBlock, the KV caches, the stack."""

@@ -1,0 +1,507 @@
+"""The modern Pre-norm block: the decoder layer of Llama (Touvron et al. 2023, arXiv 2302.13971 and
+2307.09288), with a hand-written backward.
+
+It is the Pre-LN block of :mod:`preln.nn.block` with four changes and no biases:
+
+    h1 = RMSNorm1(x)                                     RMSNorm, Zhang & Sennrich 2019, arXiv 1910.07467
+    q, k, v = h1 W_q^T, h1 W_k^T, h1 W_v^T                q: H heads; k, v: H_kv heads (GQA, Ainslie
+                                                          et al. 2023, arXiv 2305.13245)
+    q, k = RoPE(q, pos), RoPE(k, pos)                    rotary positions, Su et al. 2021, arXiv 2104.09864
+    a  = CausalAttn(q, k, v) W_o^T                       query head h reads key/value head h // (H / H_kv)
+    x1 = x + a
+    h2 = RMSNorm2(x1)
+    m  = (SiLU(h2 W_gate^T) * (h2 W_up^T)) W_down^T      SwiGLU, Shazeer 2020, arXiv 2002.05202
+    y  = x1 + m
+
+Parameters carry the names and layouts of ``transformers``' ``LlamaDecoderLayer.state_dict()``
+(``input_layernorm.weight``, ``self_attn.q_proj.weight``, ...; every weight (out, in) as in
+nn.Linear), and given the same weights the block computes the layer's output and gradients
+(tests/test_llama_reference.py). The backward is the forward read from the bottom up.
+
+Decoding: ``kv = block.kv_cache(B, max_len)`` preallocates the rotated keys and the values of the
+H_kv key/value heads -- 2 B max_len H_kv d_h numbers, H / H_kv times fewer than multi-head
+attention would keep -- and ``block.decode(x_new, kv)`` runs the block on the next n positions,
+rotating them at positions ``kv.length .. kv.length + n - 1``. Over any split of a sequence into
+chunks the outputs are the full causal forward's.
+
+Fused kernels (``fused=True``, the default): a float32 or float64 block under the safe policy with
+no tracer runs RMSNorm (with the residual add before it), RoPE (with the head transpose), the
+softmax and the SwiGLU gate as one kernel each (:mod:`preln.ops.fused.llama`,
+:func:`preln.ops.fused.softmax`); the equations and the caches are the same, the results agree
+to round-off. 16-bit storage, the naive policy, ``trace`` and ``check_finite`` run the ops of
+:mod:`preln.ops` one by one: RMSNorm's statistic, RoPE's tables and the softmax in float32.
+
+Default initialisation is transformers' for a Llama model: every weight N(0, 0.02^2)
+(``initializer_range``), the RMSNorm gains 1.
+"""
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from preln.nn.block import KVCache
+from preln.validation import check_float_array, check_input, check_mask, check_same_shape
+from preln.ops.fused import llama as fused_llama
+from preln.ops.attention import (AttentionCache, attention_backward, attention_forward,
+                            flash_attention_forward, merge_heads, split_heads)
+from preln.ops.fused import FUSED_DTYPES
+from preln.ops.linear import LinearCache, linear_backward, linear_forward
+from preln.ops.rms_norm import RMSNormCache, rms_norm_backward, rms_norm_forward
+from preln.ops.rope import ROPE_THETA, RopeCache, check_positions, rope_backward, rope_cos_sin, rope_forward
+from preln.ops.swiglu import SwiGLUCache, swiglu_backward, swiglu_forward
+from preln.precision import SAFE, Watch, elementwise_dtype, resolve_dtype, resolve_policy
+
+__all__ = ["LlamaConfig", "LlamaBlock", "LlamaKVCache", "llama_param_shapes", "INIT_STD"]
+
+#: transformers' ``LlamaConfig.initializer_range``: the std of every initial weight
+INIT_STD = 0.02
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """Hyper-parameters of one Llama block; in brackets the name in transformers' LlamaConfig.
+
+    d_model:    D, the width of the residual stream [hidden_size].
+    n_heads:    H query heads of d_h = D / H dimensions; d_h must be even, for RoPE's pairs
+                [num_attention_heads].
+    n_kv_heads: H_kv key/value heads, dividing H: each serves G = H / H_kv query heads. H_kv = H is
+                multi-head attention, 1 multi-query attention, in between grouped-query attention;
+                the KV cache shrinks by G [num_key_value_heads].
+    d_ff:       F, the width of the SwiGLU hidden layer; ~8 D / 3 gives its three matrices the
+                weights of a 4 D two-matrix MLP [intermediate_size].
+    rope_theta: the base of RoPE's frequencies, theta^(-2i / d_h) [rope_parameters["rope_theta"]].
+    eps:        RMSNorm's epsilon, added to the mean square inside the square root [rms_norm_eps].
+
+    The block is causal and has no biases (attention_bias = mlp_bias = False).
+    """
+
+    d_model: int = 64
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    d_ff: int = 176
+    rope_theta: float = ROPE_THETA
+    eps: float = 1e-6
+
+    def __post_init__(self):
+        for name in ("d_model", "n_heads", "n_kv_heads", "d_ff"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name}: expected a positive int; got {value!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"n_heads: expected a divisor of d_model={self.d_model}; got {self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_kv_heads: expected a divisor of n_heads={self.n_heads} (each key/value "
+                             f"head serves n_heads / n_kv_heads query heads); got {self.n_kv_heads}")
+        if self.d_head % 2:
+            raise ValueError(f"n_heads: expected an even head width d_h = d_model / n_heads for RoPE "
+                             f"(it rotates pairs of dimensions); got d_model={self.d_model}, "
+                             f"n_heads={self.n_heads}, d_h={self.d_head}")
+        theta = self.rope_theta
+        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 1:
+            raise ValueError(f"rope_theta: expected a base > 1 (10000 in Llama 2); got {theta!r}")
+        if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float)) or not self.eps > 0:
+            raise ValueError(f"eps: expected a positive float; got {self.eps!r}")
+
+    @property
+    def d_head(self):
+        """d_h = D / H, the width of one head."""
+        return self.d_model // self.n_heads
+
+    @property
+    def n_groups(self):
+        """G = H / H_kv, the query heads that share one key/value head."""
+        return self.n_heads // self.n_kv_heads
+
+
+def llama_param_shapes(config):
+    """The 9 state-dict keys of transformers' LlamaDecoderLayer and their shapes."""
+    D, F = config.d_model, config.d_ff
+    Wq, Wkv = config.n_heads * config.d_head, config.n_kv_heads * config.d_head
+    return {
+        "input_layernorm.weight": (D,),
+        "self_attn.q_proj.weight": (Wq, D),       # rows: head 0's d_h outputs, then head 1's, ...
+        "self_attn.k_proj.weight": (Wkv, D),
+        "self_attn.v_proj.weight": (Wkv, D),
+        "self_attn.o_proj.weight": (D, Wq),
+        "post_attention_layernorm.weight": (D,),
+        "mlp.gate_proj.weight": (F, D),
+        "mlp.up_proj.weight": (F, D),
+        "mlp.down_proj.weight": (D, F),
+    }
+
+
+def init_params(config, rng, dtype):
+    """transformers' initialisation (see the module docstring), drawn in float64, then cast."""
+    params = {}
+    for name, shape in llama_param_shapes(config).items():
+        norm = name.endswith("layernorm.weight")
+        params[name] = np.ones(shape) if norm else rng.normal(0.0, INIT_STD, size=shape)
+    return {k: v.astype(dtype) for k, v in params.items()}
+
+
+class LlamaAttnCache(NamedTuple):
+    q_proj: LinearCache   # q = h1 W_q^T (h1 is shared by the three projections)
+    k_proj: LinearCache   # k = h1 W_k^T
+    v_proj: LinearCache   # v = h1 W_v^T
+    rope: RopeCache       # cos, sin at the positions, (S, d_h) or (B, 1, S, d_h)
+    sdpa: AttentionCache  # rotated q (B, H, S, d_h), rotated k and v (B, H_kv, S, d_h), P
+    o_proj: LinearCache   # a = o W_o^T
+
+
+class LlamaBlockCache(NamedTuple):
+    shape: tuple          # (B, S, D) of the input
+    norm1: RMSNormCache
+    attn: LlamaAttnCache
+    norm2: RMSNormCache
+    mlp: SwiGLUCache
+    fused: bool = False   # the forward ran the fused kernels: the backward takes the fused ones too
+
+
+class LlamaKVCache(KVCache):
+    """The rotated keys and the values of one Llama block's H_kv key/value heads.
+
+    k, v:   (B, H_kv, max_len, d_h); positions ``0 .. length - 1`` are filled.
+    nbytes: 2 * B * max_len * H_kv * d_h * itemsize -- G = H / H_kv times less than a multi-head
+            cache of the same width.
+
+    Made by :meth:`LlamaBlock.kv_cache`, filled by :meth:`LlamaBlock.decode`.
+    """
+
+    @property
+    def n_kv_heads(self):
+        return self.n_heads
+
+    def __repr__(self):
+        return (f"LlamaKVCache(batch={self.batch}, max_len={self.max_len}, n_kv_heads={self.n_heads}, "
+                f"d_head={self.d_head}, dtype={self.dtype}, length={self.length}, nbytes={self.nbytes})")
+
+
+class LlamaBlock:
+    """One Llama decoder block with transformers' ``LlamaDecoderLayer`` parameters and semantics;
+    the hyper-parameters are a :class:`preln.LlamaConfig`.
+
+    dtype: float64 | float32 | float16 | bfloat16 -- parameters and activations are stored in it.
+    seed: seeds the ``np.random.Generator`` (``block.rng``) of the initialisation.
+    policy: "safe" | "naive" | a :class:`preln.Policy` -- where 16-bit arithmetic happens.
+    check_finite: raise FloatingPointError naming the first op whose output is not finite.
+    trace: record that op in ``block.overflow`` without raising.
+    attention: "auto" (tiled in eval mode, plain in training mode), "plain" or "tiled".
+    fused: True -- the fused kernels where they apply (see the module docstring); False -- every op
+        as a separate numpy call.
+
+    ``train()`` / ``eval()``: the block has no dropout (Llama has none); eval mode runs the tiled
+    attention (the backward then recomputes P) and is the mode ``decode`` requires.
+    """
+
+    def __init__(self, config, dtype=np.float64, seed=0, policy="safe", check_finite=False,
+                 trace=False, attention="auto", fused=True):
+        if not isinstance(config, LlamaConfig):
+            raise TypeError(f"config: expected a preln.LlamaConfig; got {type(config).__name__}")
+        if attention not in ("auto", "plain", "tiled"):
+            raise ValueError(f"attention: expected 'auto', 'plain' or 'tiled'; got {attention!r}")
+        if not isinstance(fused, bool):
+            raise TypeError(f"fused: expected True or False; got {fused!r}")
+        self.config = config
+        self.dtype = resolve_dtype(dtype)
+        self.policy = resolve_policy(policy)
+        self.check_finite = bool(check_finite)
+        self.trace = bool(trace)
+        self.attention = attention
+        self.fused = fused
+        self.rng = np.random.default_rng(seed)
+        self.params = init_params(config, self.rng, self.dtype)
+        self.grads = {k: np.zeros_like(v) for k, v in self.params.items()}
+        self.training = True          # as a fresh torch.nn.Module
+        self.overflow = None
+        self._cache = None
+
+    # ---- mode, gradients, state ----------------------------------------------------------------
+    def train(self, mode=True):
+        self.training = bool(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def zero_grad(self):
+        for g in self.grads.values():
+            g[...] = 0
+
+    def state_dict(self):
+        """A copy of the 9 parameters, keyed and shaped as transformers' LlamaDecoderLayer's."""
+        return {k: v.copy() for k, v in self.params.items()}
+
+    def load_state_dict(self, state_dict):
+        """Load parameters (numpy arrays or torch tensors); strict: every key, no extra, exact shapes."""
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"state_dict: expected a dict of arrays; got {type(state_dict).__name__}")
+        shapes = llama_param_shapes(self.config)
+        missing = [k for k in shapes if k not in state_dict]
+        extra = [k for k in state_dict if k not in shapes]
+        if missing:
+            raise KeyError(f"state_dict: missing key {missing[0]!r} (missing: {missing}); "
+                           f"expected the keys {list(shapes)}")
+        if extra:
+            raise KeyError(f"state_dict: unexpected key {extra[0]!r} (extra: {extra}); "
+                           f"expected the keys {list(shapes)}")
+        new = {}
+        for k, shape in shapes.items():
+            a = check_float_array(state_dict[k], f"state_dict[{k!r}]")
+            if a.shape != shape:
+                raise ValueError(f"state_dict[{k!r}]: expected shape {shape}; got {a.shape}")
+            new[k] = a.astype(self.dtype, copy=True)
+        self.params = new
+        self.grads = {k: np.zeros_like(v) for k, v in new.items()}
+
+    @property
+    def cache(self):
+        """What the last forward kept for the backward: a :class:`LlamaBlockCache` of NamedTuples
+        named after the forward's variables (``cache.mlp.a`` is the gate's pre-activation,
+        ``cache.attn.sdpa.k`` the rotated keys), or None."""
+        return self._cache
+
+    def cache_nbytes(self):
+        """Bytes the last forward keeps for the backward (activations only, parameters excluded)."""
+        if self._cache is None:
+            return 0
+        param_ids = {id(p) for p in self.params.values()}
+        seen, total, stack = set(), 0, [self._cache]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, tuple):
+                stack.extend(item)
+            elif isinstance(item, np.ndarray):
+                while isinstance(item.base, np.ndarray):
+                    item = item.base
+                if id(item) not in seen and id(item) not in param_ids:
+                    seen.add(id(item))
+                    total += item.nbytes
+        return total
+
+    # ---- forward ---------------------------------------------------------------------------------
+    def __call__(self, x, key_padding_mask=None, positions=None):
+        return self.forward(x, key_padding_mask, positions)
+
+    def forward(self, x, key_padding_mask=None, positions=None):
+        """x: (B, S, D) -> y: (B, S, D), causal.
+
+        key_padding_mask: (B, S) bool, True = a padding key no query may read.
+        positions: RoPE's positions, (S,) or (B, S) ints >= 0; default 0 .. S - 1 (left-padded
+            sequences pass their own, as transformers' ``position_ids``).
+        """
+        self._cache = None                                        # a forward that raises leaves no cache
+        x = check_input(x, self.config.d_model, self.dtype)      # (B, S, D)
+        kpm = check_mask(key_padding_mask, x.shape)
+        cos_sin = self._tables(x.shape, positions)
+        watch = Watch(enabled=self.trace, raise_error=self.check_finite)
+        with np.errstate(all="ignore"):   # non-finite values are the Watch's to report
+            if self.fuses():
+                y, cache = self._layers_fused(x, kpm, cos_sin)
+            else:
+                y, cache = self._layers(x, kpm, cos_sin, watch)
+        self.overflow = watch.first
+        self._cache = cache
+        return y
+
+    def _tables(self, shape, positions, start=0):  # -> RoPE's (cos, sin)
+        B, S, _ = shape
+        if positions is None:
+            positions = np.arange(start, start + S)
+        else:
+            pos = check_positions(positions)
+            if pos.shape not in ((S,), (B, S)):
+                raise ValueError(f"positions: expected shape (S,) = ({S},) or (B, S) = ({B}, {S}) "
+                                 f"for x of shape {shape}; got {pos.shape}")
+            positions = pos
+        cfg = self.config
+        return rope_cos_sin(positions, cfg.d_head, cfg.rope_theta, elementwise_dtype(self.dtype))
+
+    def _layers(self, x, kpm, cos_sin, watch, kv=None):  # (B, S, D) -> (B, S, D), LlamaBlockCache
+        """The block's equations, op by op; with ``kv`` the attention reads and extends a KV cache."""
+        p, cfg, pol = self.params, self.config, self.policy
+        h1, n1 = rms_norm_forward(x, p["input_layernorm.weight"], cfg.eps, pol,   # h1 = RMSNorm1(x)
+                                  watch.scope("input_layernorm"))
+        a, attn = self._attention(h1, kpm, cos_sin, watch, kv)                   # a  = Attn(h1)
+        x1 = watch("residual1", x + a, x, a)                                     # x1 = x + a
+        h2, n2 = rms_norm_forward(x1, p["post_attention_layernorm.weight"], cfg.eps, pol,
+                                  watch.scope("post_attention_layernorm"))       # h2 = RMSNorm2(x1)
+        m, mlp = swiglu_forward(h2, p["mlp.gate_proj.weight"], p["mlp.up_proj.weight"],  # m = SwiGLU(h2)
+                                p["mlp.down_proj.weight"], pol, watch.scope("mlp"))
+        y = watch("residual2", x1 + m, x1, m)                                    # y  = x1 + m
+        return y, LlamaBlockCache(x.shape, n1, attn, n2, mlp)
+
+    def fuses(self):
+        """Whether the next forward (or decode) runs the fused kernels: ``fused`` is on, the dtype
+        is float32 or float64, the policy is the safe one, no tracer."""
+        return (self.fused and self.dtype in FUSED_DTYPES and self.policy == SAFE
+                and not (self.trace or self.check_finite))
+
+    def _layers_fused(self, x, kpm, cos_sin, kv=None):  # (B, S, D) -> (B, S, D), LlamaBlockCache
+        """The equations of ``_layers``, each memory-bound chain one fused kernel."""
+        p, eps = self.params, self.config.eps
+        h1, n1 = fused_llama.rms_norm(x, p["input_layernorm.weight"], eps)         # h1 = RMSNorm1(x)
+        a, attn = self._attention(h1, kpm, cos_sin, Watch(), kv, fused=True)      # a  = Attn(h1)
+        x1, h2, n2 = fused_llama.add_rms_norm(x, a, p["post_attention_layernorm.weight"], eps)  # x1 = x + a
+        m, mlp = self._mlp_fused(h2, keep=kv is None)                             # m  = SwiGLU(h2)
+        y = np.add(x1, m, out=m)                                                  # y  = x1 + m
+        return y, LlamaBlockCache(x.shape, n1, attn, n2, mlp, fused=True)
+
+    def _attention(self, h, kpm, cos_sin, watch, kv=None, fused=False):  # (B, S, D) -> (B, S, D)
+        p, cfg, pol = self.params, self.config, self.policy
+        H, H_kv = cfg.n_heads, cfg.n_kv_heads
+        q, c_q = linear_forward(h, p["self_attn.q_proj.weight"], None, pol)     # (B, S, H d_h)
+        k, c_k = linear_forward(h, p["self_attn.k_proj.weight"], None, pol)     # (B, S, H_kv d_h)
+        v, c_v = linear_forward(h, p["self_attn.v_proj.weight"], None, pol)     # (B, S, H_kv d_h)
+        watch("attn.q_proj", q, h)
+        watch("attn.k_proj", k, h)
+        watch("attn.v_proj", v, h)
+        if fused:   # the rotation and the transpose to (B, heads, S, d_h) in one pass each
+            q, k = fused_llama.rope(q, H, cos_sin), fused_llama.rope(k, H_kv, cos_sin)
+        else:
+            q, _ = rope_forward(split_heads(q, H), cos_sin=cos_sin)              # (B, H, S, d_h)
+            k, _ = rope_forward(split_heads(k, H_kv), cos_sin=cos_sin)           # (B, H_kv, S, d_h)
+        v = split_heads(v, H_kv)                                                 # (B, H_kv, S, d_h)
+        tiled = self.attention == "tiled" or (self.attention == "auto" and not self.training)
+        if kv is not None:   # decode: the new keys and values join the cache; the queries read it all
+            t0, t1 = kv.length, kv.length + q.shape[2]
+            kv.k[:, :, t0:t1] = k                                 # (B, H_kv, n, d_h) into (B, H_kv, max_len, d_h)
+            kv.v[:, :, t0:t1] = v
+            o = flash_attention_forward(q, kv.k[:, :, :t1], kv.v[:, :, :t1], None, True, pol,
+                                        watch.scope("attn"), q_offset=t0)   # (B, H, n, d_h)
+            c_sdpa = None
+        elif tiled:   # never holds the (B, H, S, S) scores; the backward recomputes P
+            o = flash_attention_forward(q, k, v, kpm, True, pol, watch.scope("attn"))
+            c_sdpa = AttentionCache(q, k, v, None, None, 0.0, kpm, True, pol)
+        else:
+            o, c_sdpa = attention_forward(q, k, v, kpm, True, 0.0, None, pol, watch.scope("attn"),
+                                          fused=fused)
+        o = merge_heads(o)                                                       # (B, S, H d_h)
+        a, c_o = linear_forward(o, p["self_attn.o_proj.weight"], None, pol)      # (B, S, D)
+        watch("attn.o_proj", a, o)
+        return a, LlamaAttnCache(c_q, c_k, c_v, RopeCache(*cos_sin), c_sdpa, c_o)
+
+    def _mlp_fused(self, h, keep):  # (B, S, D) -> (B, S, D)
+        p, pol = self.params, self.policy
+        a, c_gate = linear_forward(h, p["mlp.gate_proj.weight"], None, pol)     # (B, S, F)
+        b, c_up = linear_forward(h, p["mlp.up_proj.weight"], None, pol)         # (B, S, F)
+        g = fused_llama.silu_mul(a, b, out=None if keep else a)                 # g = SiLU(a) b, one pass
+        m, c_down = linear_forward(g, p["mlp.down_proj.weight"], None, pol)     # (B, S, D)
+        return m, SwiGLUCache(c_gate, c_up, a, b, c_down)
+
+    # ---- decoding with a KV cache ----------------------------------------------------------------
+    def kv_cache(self, batch, max_len, dtype=None):
+        """A fresh :class:`LlamaKVCache` of H_kv heads for ``batch`` sequences of up to ``max_len``
+        positions; dtype: its storage dtype (None: the block's)."""
+        dtype = self.dtype if dtype is None else resolve_dtype(dtype)
+        cfg = self.config
+        return LlamaKVCache(batch, max_len, cfg.n_kv_heads, cfg.d_head, dtype)
+
+    def decode(self, x_new, kv):
+        """Run the block on the next n positions of B sequences given a :class:`LlamaKVCache` of the
+        positions before them; x_new: (B, n, D), n >= 1 -> y_new: (B, n, D).
+
+        The new positions are rotated at ``kv.length .. kv.length + n - 1`` and their keys and values
+        appended (``kv.length`` grows by n). Eval mode only, no padding mask. Nothing is kept for a
+        backward: ``block.backward`` still differentiates the last ``forward``.
+        """
+        x = self._check_decode(x_new, kv)                         # (B, n, D)
+        cos_sin = self._tables(x.shape, None, start=kv.length)
+        watch = Watch(enabled=self.trace, raise_error=self.check_finite)
+        with np.errstate(all="ignore"):
+            if self.fuses():
+                y, _ = self._layers_fused(x, None, cos_sin, kv)
+            else:
+                y, _ = self._layers(x, None, cos_sin, watch, kv)
+        self.overflow = watch.first
+        kv.length += x.shape[1]                                   # only once the step has succeeded
+        return y
+
+    def _check_decode(self, x_new, kv):  # -> x_new as (B, n, D) in the block's dtype
+        if self.training:
+            raise RuntimeError("decode: the block is in training mode; decoding is inference -- "
+                               "call block.eval() first")
+        if not isinstance(kv, LlamaKVCache):
+            raise TypeError(f"kv: expected a preln.nn.llama.LlamaKVCache from block.kv_cache(batch, "
+                            f"max_len); got {type(kv).__name__}")
+        cfg = self.config
+        if (kv.n_kv_heads, kv.d_head) != (cfg.n_kv_heads, cfg.d_head):
+            raise ValueError(f"kv: expected a cache of H_kv = {cfg.n_kv_heads} key/value heads of "
+                             f"d_h = {cfg.d_head}; got H_kv = {kv.n_kv_heads}, d_h = {kv.d_head}")
+        x = check_input(x_new, cfg.d_model, self.dtype, "x_new")   # (B, n, D)
+        B, n, _ = x.shape
+        if B != kv.batch:
+            raise ValueError(f"x_new: expected batch B = {kv.batch} (the cache's); got shape {x.shape}")
+        if kv.length + n > kv.max_len:
+            raise ValueError(f"kv: the cache is full: it holds {kv.length} of max_len = {kv.max_len} "
+                             f"positions and x_new brings {n} more; make a cache with a larger max_len")
+        return x
+
+    # ---- backward: the forward read from the bottom up -----------------------------------------
+    def backward(self, dy):
+        """dy = dL/dy, (B, S, D) -> dL/dx, (B, S, D); adds dL/dparam into ``self.grads``."""
+        if self._cache is None:
+            raise RuntimeError("backward: no forward to differentiate; call block(x) first "
+                               "(a forward that raised leaves nothing to differentiate)")
+        c = self._cache
+        dy = check_same_shape(dy, c.shape, "dy").astype(self.dtype, copy=False)
+        with np.errstate(all="ignore"):
+            dh2 = self._mlp_backward(dy, c.mlp, c.fused)                          # y  = x1 + SwiGLU(h2)
+            dx1 = self._norm_backward("post_attention_layernorm", dh2, c.norm2, dy, c.fused)  # h2 = RMSNorm2(x1)
+            dh1 = self._attention_backward(dx1, c.attn, c.fused)                  # x1 = x + Attn(h1)
+            dx = self._norm_backward("input_layernorm", dh1, c.norm1, dx1, c.fused)  # h1 = RMSNorm1(x)
+        return dx
+
+    def _accumulate(self, name, grad):
+        self.grads[name] += grad   # gradients add up over backward calls, as in PyTorch
+
+    def _norm_backward(self, name, dh, cache, dres, fused):  # -> dres + dL/dx through the norm
+        if fused:
+            dx, dgamma = fused_llama.rms_norm_backward(dh, cache, dres)          # the residual's, added
+        else:
+            dx, dgamma = rms_norm_backward(dh, cache, self.policy)
+            dx += dres                                                          # x feeds the residual too
+        self._accumulate(f"{name}.weight", dgamma)
+        return dx
+
+    def _mlp_backward(self, dm, c, fused):  # (B, S, D) -> (B, S, D)
+        if not fused:
+            dh, dw_gate, dw_up, dw_down = swiglu_backward(dm, c, self.policy)
+        else:
+            pol = self.policy
+            dg, dw_down, _ = linear_backward(dm, c.down, pol)                    # m = g W_down^T
+            da, db = fused_llama.silu_mul_backward(dg, c.a, c.b)                 # g = SiLU(a) b
+            dh, dw_gate, _ = linear_backward(da, c.gate, pol)                    # a = h W_gate^T
+            dh_up, dw_up, _ = linear_backward(db, c.up, pol)                     # b = h W_up^T
+            dh += dh_up
+        self._accumulate("mlp.gate_proj.weight", dw_gate)
+        self._accumulate("mlp.up_proj.weight", dw_up)
+        self._accumulate("mlp.down_proj.weight", dw_down)
+        return dh
+
+    def _attention_backward(self, da, c, fused):  # (B, S, D) -> (B, S, D)
+        cfg, pol = self.config, self.policy
+        H, H_kv = cfg.n_heads, cfg.n_kv_heads
+        do, dw, _ = linear_backward(da, c.o_proj, pol)                           # a = o W_o^T
+        self._accumulate("self_attn.o_proj.weight", dw)
+        q, k, _ = c.sdpa.q, c.sdpa.k, c.sdpa.v
+        B, S = do.shape[:2]
+        dq, dk = np.empty_like(q), np.empty_like(k)                              # (B, H | H_kv, S, d_h)
+        dv_lin = np.empty((B, S, H_kv * cfg.d_head), do.dtype)                   # as v_proj's output
+        dv = split_heads(dv_lin, H_kv)                                           # a view (B, H_kv, S, d_h)
+        attention_backward(split_heads(do, H), c.sdpa, out=(dq, dk, dv), fused=fused)  # o = attn(q, k, v)
+        cos_sin = tuple(c.rope)
+        if fused:                                                                # q = RoPE(q_lin), one pass
+            dq_lin, dk_lin = fused_llama.rope_backward(dq, cos_sin), fused_llama.rope_backward(dk, cos_sin)
+        else:
+            dq_lin = merge_heads(rope_backward(dq, c.rope))                      # (B, S, H d_h)
+            dk_lin = merge_heads(rope_backward(dk, c.rope))                      # (B, S, H_kv d_h)
+        dh, dw, _ = linear_backward(dq_lin, c.q_proj, pol)                       # q_lin = h W_q^T
+        self._accumulate("self_attn.q_proj.weight", dw)
+        dh_k, dw, _ = linear_backward(dk_lin, c.k_proj, pol)                     # k_lin = h W_k^T
+        self._accumulate("self_attn.k_proj.weight", dw)
+        dh += dh_k
+        dh_v, dw, _ = linear_backward(dv_lin, c.v_proj, pol)                     # v_lin = h W_v^T
+        self._accumulate("self_attn.v_proj.weight", dw)
+        dh += dh_v                                                               # h feeds all three
+        return dh
+

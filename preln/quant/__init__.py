@@ -1,0 +1,1 @@
+"""Quantisation: INT8 (int8), weight-only groups (groups), GPTQ, AWQ, quantised matvecs."""

@@ -1,0 +1,1 @@
+"""Serving: the paged KV cache and continuous batching."""

@@ -1,0 +1,137 @@
+"""The package's architecture, checked: the import graph (lazy imports inside functions included)
+has no cycle, no module imports one above it in the layering, and no module imports another's
+private name.
+
+    foundation (preln.precision, validation, blas, resources, gradcheck, nb)
+      <- ops <- nn <- models <- quant, serve <- chapters <- course, grade, bench, __main__
+"""
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "preln"
+
+#: layer of each top-level part; a module may import only modules of its own layer or below
+#: (quant and serve share a layer and do not import each other)
+LAYERS = {"foundation": 0, "ops": 1, "nn": 2, "models": 3, "quant": 4, "serve": 4, "chapters": 5,
+          "course": 6, "grade": 6, "bench": 6, "__main__": 6, "__init__": 6}
+FOUNDATION = {"precision", "validation", "blas", "resources", "gradcheck", "nb"}
+
+
+def module_name(path):
+    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def part(mod):
+    """The layer name of a dotted module ('preln.nn.block' -> 'nn', 'preln.precision' -> 'foundation')."""
+    bits = mod.split(".")
+    if len(bits) == 1:
+        return "__init__"
+    return "foundation" if bits[1] in FOUNDATION else bits[1]
+
+
+MODULES = {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+
+
+def imports(mod):
+    """(imported module, names, line) for every import in mod, relative ones resolved."""
+    path = MODULES[mod]
+    tree = ast.parse(path.read_text(), str(path))
+    pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, [], node.lineno) for a in node.names if a.name.split(".")[0] == "preln"]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            if base.split(".")[0] != "preln":
+                continue
+            names = [a.name for a in node.names]
+            # `from preln.quant import gptq` imports the module preln.quant.gptq
+            mods = [f"{base}.{n}" for n in names if f"{base}.{n}" in MODULES]
+            out += [(m, [], node.lineno) for m in mods]
+            rest = [n for n in names if f"{base}.{n}" not in MODULES]
+            if rest or not mods:
+                out.append((base, rest, node.lineno))
+    return out
+
+
+def graph():
+    return {m: sorted({t for t, _, _ in imports(m) if t in MODULES and t != m}) for m in MODULES}
+
+
+def test_every_module_found():
+    assert "preln.nn.block" in MODULES and "preln.ops.fused._numba" in MODULES
+
+
+def test_no_import_cycle():
+    g = graph()
+    # a package imports its submodules to re-export them; its submodules importing the package's
+    # siblings through it is the usual edge, so cycles are looked for between non-__init__ modules
+    # with package edges resolved to what they re-export
+    state, cycle = {}, []
+
+    def visit(m, stack):
+        state[m] = 1
+        stack.append(m)
+        for t in g[m]:
+            if t.startswith(m + "."):
+                continue          # a package importing its own submodule
+            if state.get(t) == 1:
+                cycle.append(stack[stack.index(t):] + [t])
+            elif t not in state:
+                visit(t, stack)
+        stack.pop()
+        state[m] = 2
+
+    for m in g:
+        if m not in state:
+            visit(m, [])
+    assert not cycle, "import cycles: " + "; ".join(" -> ".join(c) for c in cycle)
+
+
+def test_layering():
+    wrong = []
+    for m in MODULES:
+        for t, _, line in imports(m):
+            if t not in MODULES:
+                continue
+            a, b = part(m), part(t)
+            if a == b or t == "preln" and m in ("preln.__main__", "preln.bench"):
+                continue
+            if LAYERS[b] > LAYERS[a] or (LAYERS[a] == LAYERS[b] and a != b and a != "foundation"):
+                wrong.append(f"{m}:{line} imports {t} ({a} may not import {b})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_private_cross_module_imports():
+    wrong = []
+    for m in MODULES:
+        for t, names, line in imports(m):
+            for n in names:
+                if n.startswith("_") and not n.startswith("__"):
+                    wrong.append(f"{m}:{line} imports {t}.{n}")
+    # attribute access to another module's private names (lm._head_weight()) counts as well
+    for m, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        mods = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                and (n.module or "").startswith("preln") for a in n.names}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                    and isinstance(node.value, ast.Name) and node.value.id in mods):
+                wrong.append(f"{m}:{node.lineno} uses {node.value.id}.{node.attr}")
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("mod", sorted(m for m in MODULES if m.count(".") == 1 and part(m) != "foundation"
+                                       and m not in ("preln.course", "preln.bench", "preln.__main__")))
+def test_top_level_is_foundation_or_package(mod):
+    """Every top-level module is a foundation module or one of the packages' entry points."""
+    assert MODULES[mod].name == "__init__.py", f"{mod}: a top-level module outside the layering"
