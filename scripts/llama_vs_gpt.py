@@ -37,8 +37,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
+# preln is the installed package (`make install`: this checkout, editable)
 import preln  # noqa: E402
 from preln.chapters.figures import modern_block as mb  # noqa: E402
 from preln.models.pretrained import perplexity, reference_lm_log, split_ids  # noqa: E402

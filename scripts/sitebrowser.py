@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import importlib.util
 import os
 import shutil
 import sys
@@ -80,12 +81,12 @@ def settle(page, network_ms: int = 5_000) -> None:
 
 
 def pages() -> list[str]:
-    """The book's pages in reading order (``book/intro``, ...), from _toc.yml."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    from tests.book_toc import toc_files
-
-    return toc_files()
+    """The book's pages in reading order (``book/intro``, ...), from _toc.yml (tests/book_toc.py,
+    loaded by its path: tests/ is not a package on sys.path)."""
+    spec = importlib.util.spec_from_file_location("book_toc", ROOT / "tests" / "book_toc.py")
+    book_toc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(book_toc)
+    return book_toc.toc_files()
 
 
 # ---- page weight ----------------------------------------------------------------------------------

@@ -23,18 +23,15 @@ import os
 import platform
 import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")        # one BLAS thread per worker process
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
+# preln is the installed package (`make install`: this checkout, editable)
 import preln  # noqa: E402
-from preln import xiong  # noqa: E402
+from preln.chapters import xiong  # noqa: E402
 from preln.models.lm import grammar_corpus  # noqa: E402
 
 from preln.resources import data_path  # noqa: E402

@@ -29,6 +29,9 @@ BOOTSTRAP = BOOTSTRAP_FILE.read_text().rstrip("\n")
 # the line of the bootstrap that names the default requirement
 DEFAULT_RE = re.compile(r'(os\.environ\.get\("PRELN_INSTALL"\) or )"([^"]*)"')
 MARKER = BOOTSTRAP.splitlines()[0]          # "# preln bootstrap: ..."
+# its last line: where an assignment's setup cell goes on with its own imports, whatever the length
+# of the bootstrap that is there (an older one may be shorter or longer than BOOTSTRAP)
+END = "# (end of the preln bootstrap)"
 TAG = "remove-cell"
 
 
@@ -37,6 +40,12 @@ def release_requirement():
     url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"].rstrip("/")
     version = re.search(r'^__version__ = "([^"]+)"', (ROOT / "preln" / "__init__.py").read_text(), re.M)
     return f"preln[notebooks] @ git+{url}@v{version.group(1)}"
+
+
+def check_end(text):
+    """The bootstrap must end with END (:func:`_strip_old` finds the end of an old one by it)."""
+    if text.rstrip("\n").split("\n")[-1] != END:
+        raise SystemExit(f"{BOOTSTRAP_FILE}: its last line must be {END!r}")
 
 
 def bootstrap_with_release(text):
@@ -55,11 +64,17 @@ def assignment_notebooks():
 
 
 def _strip_old(source):
-    """The setup cell's source without its bootstrap (the current one, or the older preamble)."""
+    """The setup cell's source without its bootstrap (any version of it, or the older preamble)."""
     lines = source.split("\n")
     if source.startswith(MARKER):
-        n = len(BOOTSTRAP.split("\n"))
-        return "\n".join(lines[n:]).lstrip("\n")
+        if END in lines:
+            return "\n".join(lines[lines.index(END) + 1:]).lstrip("\n")
+        # a bootstrap from before END: its last statement ended with `    import preln` and a blank line
+        i = source.find("\n    import preln\n\n")
+        if i < 0:
+            raise SystemExit(f"a setup cell starts with the bootstrap but neither ends it with {END!r} nor "
+                             "with `    import preln` and a blank line: fix it by hand")
+        return source[i + len("\n    import preln\n\n"):].lstrip("\n")
     # the preamble before this script existed: imports, then a try/except ModuleNotFoundError
     # block ending at the first blank line after it
     if "except ModuleNotFoundError" in source:
@@ -96,6 +111,7 @@ def main(argv=None):
     ap.add_argument("--check", action="store_true", help="only report notebooks that differ")
     args = ap.parse_args(argv)
     global BOOTSTRAP
+    check_end(BOOTSTRAP)
     current = bootstrap_with_release(BOOTSTRAP)
     if current != BOOTSTRAP:
         if args.check:

@@ -101,8 +101,8 @@ def test_backward_after_a_forward_that_raised(block):
     (dict(eps=0), ValueError, r"eps: expected a positive float; got 0"),
     (dict(eps=-1e-5), ValueError, r"eps: expected a positive float; got -1e-05"),
     (dict(eps="1e-5"), ValueError, r"eps: expected a positive float; got '1e-5'"),
-    (dict(norm_first=1), TypeError, r"norm_first: expected a bool; got 1"),
-    (dict(causal="yes"), TypeError, r"causal: expected a bool; got 'yes'"),
+    (dict(norm_first=1), TypeError, r"norm_first: expected True or False; got 1"),
+    (dict(causal="yes"), TypeError, r"causal: expected True or False; got 'yes'"),
 ], ids=lambda v: str(v) if isinstance(v, dict) else "")
 def test_bad_config(kwargs, error, match):
     with pytest.raises(error, match=match):
@@ -121,7 +121,7 @@ def test_config_is_frozen():
     (dict(dtype="int8"), TypeError, r"dtype: expected one of .*; got 'int8'"),
     (dict(policy="fast"), ValueError, r"policy: expected 'safe', 'naive' or a preln.Policy; got 'fast'"),
     (dict(policy=None), ValueError, r"policy: expected 'safe', 'naive' or a preln.Policy; got None"),
-    (dict(attention="flash"), ValueError, r"attention: expected 'auto', 'plain' or 'tiled'; got 'flash'"),
+    (dict(attention="flash"), ValueError, r"attention: expected one of \('auto', 'plain', 'tiled'\); got 'flash'"),
 ], ids=["int32", "float128", "int8", "policy", "policy_None", "attention"])
 def test_bad_block_arguments(kwargs, error, match):
     with pytest.raises(error, match=match):
@@ -228,3 +228,155 @@ def test_check_finite_off_by_default_lets_nan_through(block):
     strict = TransformerBlock(block.config, dtype=np.float64, check_finite=True)
     with pytest.raises(FloatingPointError, match=r"^norm1\.variance"):
         strict(x)
+
+
+# ---- the inputs of issue 21: every entry point, the same clear error --------------------------
+def _tiny_lm(**kw):
+    from preln.models.lm import LMConfig, TinyLM
+    return TinyLM(LMConfig(vocab_size=11, max_len=8, d_model=D, n_heads=2, d_ff=16, n_layers=1, **kw),
+                  seed=0).eval()
+
+
+def _quantised_lms():
+    from preln.quant.int8 import quantize_block
+    from preln.quant.weight_only import quantize_weights
+    lm = _tiny_lm()
+    return {"TinyLM": lm, "QuantizedLM": quantize_block(lm, "w8a8"),
+            "WeightOnlyLM": quantize_weights(lm, "rtn", bits=4)}
+
+
+@pytest.mark.parametrize("name", ["TinyLM", "QuantizedLM", "WeightOnlyLM"])
+def test_token_id_minus_one_is_refused_not_read_as_the_last_row(name):
+    """numpy reads table[-1] as the last embedding row; every LM says so instead."""
+    lm = _quantised_lms()[name]
+    with pytest.raises(ValueError, match=r"tokens: expected token ids in \[0, 11\); got \[-1, 3\]"):
+        lm(np.array([[0, -1, 3]]))
+    with pytest.raises(ValueError, match=r"tokens: expected token ids in \[0, 11\); got \[0, 11\]"):
+        lm(np.array([[0, 11]]))
+
+
+@pytest.mark.parametrize("name", ["TinyLM", "QuantizedLM", "WeightOnlyLM"])
+def test_more_positions_than_max_len_is_a_clear_error(name):
+    """S > max_len: a message naming max_len, not a numpy broadcast error."""
+    lm = _quantised_lms()[name]
+    with pytest.raises(ValueError, match=r"tokens: expected at most max_len=8 positions; got 9"):
+        lm(np.zeros((1, 9), int))
+
+
+def test_llama_lm_refuses_minus_one_too():
+    from preln.models.llama_lm import LlamaLM, LlamaLMConfig
+    lm = LlamaLM(LlamaLMConfig(vocab_size=7, d_model=8, n_heads=2, n_kv_heads=1, d_ff=16, n_layers=1))
+    with pytest.raises(ValueError, match=r"tokens: expected token ids in \[0, 7\); got \[-1, 2\]"):
+        lm(np.array([[2, -1]]))
+
+
+def test_paged_forward_refuses_minus_one():
+    from preln.serve.paged import PagedKVCache, paged_forward
+    lm = _tiny_lm()
+    cache = PagedKVCache(1, 4, 4, 2, D // 2)
+    cache.add("a")
+    with pytest.raises(ValueError, match=r"chunks: expected token ids in \[0, 11\); got \[-1, 2\]"):
+        paged_forward(lm, cache, [("a", np.array([2, -1]))])
+
+
+def test_continuous_batcher_refuses_an_out_of_vocabulary_prompt():
+    from preln.serve.paged import ContinuousBatcher, Request
+    server = ContinuousBatcher(_tiny_lm(), n_blocks=4, block_size=4)
+    with pytest.raises(ValueError, match=r"requests\[0\]\.prompt: expected token ids in \[0, 11\); got \[-1, 1\]"):
+        server.run([Request(rid=0, prompt=np.array([1, -1]), n_new=2)])
+
+
+def test_quantized_block_checks_its_mask():
+    """A float mask was accepted (and read as True/False by where); now the block's own check."""
+    from preln.quant.int8 import quantize_block
+    b = TransformerBlock(BlockConfig(d_model=D, n_heads=2, d_ff=16), dtype=np.float32).eval()
+    q = quantize_block(b, "w8a8")
+    with pytest.raises(TypeError, match=r"key_padding_mask: expected a bool array \(True = padding key\); got dtype float64"):
+        q(x_of(1, 2, D), np.zeros((1, 2)))
+    with pytest.raises(ValueError, match=r"key_padding_mask: expected shape \(B, S\) = \(1, 2\); got \(1, 3\)"):
+        q(x_of(1, 2, D), np.zeros((1, 3), bool))
+    with pytest.raises(ValueError, match=r"x: expected last dimension D = d_model = 8; got shape \(1, 2, 7\)"):
+        q(x_of(1, 2, D - 1))
+
+
+def test_numpy_ints_are_accepted_by_both_configs_and_stored_as_int():
+    from preln import LlamaConfig
+    cfg = BlockConfig(d_model=np.int64(8), n_heads=np.int32(2), d_ff=np.int64(16))
+    assert cfg == BlockConfig(d_model=8, n_heads=2, d_ff=16) and type(cfg.d_model) is int
+    lcfg = LlamaConfig(d_model=np.int64(8), n_heads=2, n_kv_heads=np.int64(1), d_ff=16)
+    assert type(lcfg.n_kv_heads) is int and lcfg.n_groups == 2
+    for make in (lambda: BlockConfig(d_model=True), lambda: LlamaConfig(d_model=np.bool_(True))):
+        with pytest.raises(ValueError, match=r"d_model: expected a positive int; got (True|np.True_)"):
+            make()
+
+
+def test_paged_cache_refuses_integer_storage():
+    from preln.serve.paged import PagedKVCache
+    with pytest.raises(TypeError, match=r"dtype: expected one of float64, float32, float16, bfloat16; got <class 'numpy.int8'>"):
+        PagedKVCache(1, 2, 4, 1, 4, dtype=np.int8)
+
+
+@pytest.fixture
+def paged():
+    from preln.serve.paged import PagedKVCache
+    cache = PagedKVCache(2, 4, 4, 1, 4)
+    cache.add("a")
+    cache.reserve("a", 2)
+    return cache
+
+
+@pytest.mark.parametrize("n", [-3, 1.0, True])
+def test_paged_commit_refuses_a_negative_or_non_int_count(paged, n):
+    with pytest.raises(ValueError, match=r"n: expected an int >= 0; got"):
+        paged.commit("a", n)
+    assert paged.lengths["a"] == 0                                # nothing was committed
+
+
+@pytest.mark.parametrize("layer", [-1, 2, 0.0])
+def test_paged_write_refuses_a_layer_outside_0_to_n_layers(paged, layer):
+    """-1 used to write the last layer."""
+    k = np.ones((1, 2, 4))
+    with pytest.raises(ValueError, match=r"layer: expected an int in \[0, 2\); got"):
+        paged.write(layer, "a", k, k)
+    assert not paged.k.any()                                      # nothing was written
+
+
+def test_transformer_block_decode_refuses_a_llama_cache():
+    """LlamaKVCache was a subclass of KVCache, so a TransformerBlock took it."""
+    from preln import LlamaBlock, LlamaConfig
+    b = TransformerBlock(BlockConfig(d_model=D, n_heads=2, d_ff=16, causal=True), dtype=np.float64).eval()
+    llama_kv = LlamaBlock(LlamaConfig(d_model=D, n_heads=2, n_kv_heads=2, d_ff=16)).kv_cache(1, 4)
+    with pytest.raises(TypeError, match=r"kv: expected a preln.nn.block.KVCache from block.kv_cache\(batch, max_len\); got LlamaKVCache"):
+        b.decode(x_of(1, 1, D), llama_kv)
+    with pytest.raises(TypeError, match=r"kv: expected a preln.nn.llama.LlamaKVCache.*got KVCache"):
+        LlamaBlock(LlamaConfig(d_model=D, n_heads=2, n_kv_heads=2, d_ff=16)).eval().decode(
+            x_of(1, 1, D), b.kv_cache(1, 4))
+
+
+@pytest.mark.parametrize("flag", ["check_finite", "trace", "fused"])
+@pytest.mark.parametrize("value", ["no", 0, None])
+def test_block_flags_must_be_bools(flag, value):
+    """check_finite="no" used to become True (bool("no")); both block families refuse it."""
+    from preln import LlamaBlock, LlamaConfig
+    for make in (lambda kw: TransformerBlock(BlockConfig(d_model=D, n_heads=2, d_ff=16), **kw),
+                 lambda kw: LlamaBlock(LlamaConfig(d_model=D, n_heads=2, n_kv_heads=1, d_ff=16), **kw)):
+        with pytest.raises(TypeError, match=rf"{flag}: expected True or False; got {value!r}"):
+            make({flag: value})
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: __import__("preln.nn.stack", fromlist=["x"]).TransformerStack(BlockConfig(d_model=D, n_heads=2, d_ff=16), 0),
+     r"n_layers: expected a positive int; got 0"),
+    (lambda: __import__("preln.quant.groups", fromlist=["x"]).rtn(np.ones((2, 4)), bits=9),
+     r"bits: expected an int in \[2, 8\]; got 9"),
+    (lambda: __import__("preln.quant.int8", fromlist=["x"]).quantize(np.ones(4), bits=17),
+     r"bits: expected an int in \[2, 16\]; got 17"),
+    (lambda: __import__("preln.quant.gptq", fromlist=["x"]).gptq(np.ones((2, 4)), np.ones((3, 4)), block_size=np.int64(0)),
+     r"block_size: expected a positive int; got "),
+    (lambda: __import__("preln.serve.paged", fromlist=["x"]).ContinuousBatcher(_tiny_lm(), 4, 4, max_batch=True),
+     r"max_batch: expected a positive int; got True"),
+    (lambda: _tiny_lm().generate(np.array([1]), n_new=-1), r"n_new: expected an int >= 0; got -1"),
+], ids=["stack", "group_bits", "int8_bits", "gptq_block_size", "batcher", "generate"])
+def test_sizes_share_one_check(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()

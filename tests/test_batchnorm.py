@@ -3,7 +3,7 @@ and torch.nn.BatchNorm1d as the reference (optional: skipped when torch is not i
 import numpy as np
 import pytest
 
-from preln.gradcheck import check_op_gradient, scaled_max_error
+from preln.gradcheck import check_op_gradient, rel_error
 from preln.ops import BatchNorm1d, batchnorm_backward, batchnorm_forward, layer_norm_forward
 
 FD_TOL = 1e-7        # hand-written backward vs central differences (float64)
@@ -89,8 +89,8 @@ def test_batchnorm1d_class_accumulates_and_counts():
     assert bn.num_batches_tracked == 2
     _, dgamma, dbeta = batchnorm_backward(dy, batchnorm_forward(x, np.ones(3), np.zeros(3),
                                                                 *_stats(3))[1])
-    assert scaled_max_error(bn.grads["weight"], 2 * dgamma) < EXACT_TOL               # gradients add up
-    assert scaled_max_error(bn.grads["bias"], 2 * dbeta) < EXACT_TOL
+    assert rel_error(bn.grads["weight"], 2 * dgamma) < EXACT_TOL               # gradients add up
+    assert rel_error(bn.grads["bias"], 2 * dbeta) < EXACT_TOL
     # two updates with momentum 0.5 from (0, 1): running = 0.75 * batch + 0.25 * initial
     np.testing.assert_allclose(bn.running_mean, 0.75 * x.mean(0), atol=EXACT_TOL)
     np.testing.assert_allclose(bn.running_var, 0.25 + 0.75 * x.var(0, ddof=1), atol=EXACT_TOL)
@@ -180,12 +180,12 @@ def test_matches_torch_batchnorm1d_training_and_eval(shape, momentum):
         (yt * to_torch(dy)).sum().backward()
         y = bn(x)
         dx = bn.backward(dy)
-        assert scaled_max_error(y, from_torch(yt)) < TORCH_TOL
-        assert scaled_max_error(dx, from_torch(xt.grad)) < TORCH_TOL
-        assert scaled_max_error(bn.running_mean, ref.running_mean.numpy()) < TORCH_TOL
-        assert scaled_max_error(bn.running_var, ref.running_var.numpy()) < TORCH_TOL
-    assert scaled_max_error(bn.grads["weight"], ref.weight.grad.numpy()) < TORCH_TOL
-    assert scaled_max_error(bn.grads["bias"], ref.bias.grad.numpy()) < TORCH_TOL
+        assert rel_error(y, from_torch(yt)) < TORCH_TOL
+        assert rel_error(dx, from_torch(xt.grad)) < TORCH_TOL
+        assert rel_error(bn.running_mean, ref.running_mean.numpy()) < TORCH_TOL
+        assert rel_error(bn.running_var, ref.running_var.numpy()) < TORCH_TOL
+    assert rel_error(bn.grads["weight"], ref.weight.grad.numpy()) < TORCH_TOL
+    assert rel_error(bn.grads["bias"], ref.bias.grad.numpy()) < TORCH_TOL
     assert bn.num_batches_tracked == int(ref.num_batches_tracked)
     ref.eval()
     bn.eval()
@@ -194,5 +194,5 @@ def test_matches_torch_batchnorm1d_training_and_eval(shape, momentum):
     yt = ref(xt)
     dy = rng.standard_normal(shape)
     (yt * to_torch(dy)).sum().backward()
-    assert scaled_max_error(bn(x), from_torch(yt)) < TORCH_TOL
-    assert scaled_max_error(bn.backward(dy), from_torch(xt.grad)) < TORCH_TOL
+    assert rel_error(bn(x), from_torch(yt)) < TORCH_TOL
+    assert rel_error(bn.backward(dy), from_torch(xt.grad)) < TORCH_TOL

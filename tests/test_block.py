@@ -6,7 +6,7 @@ of the ~600 parameters stays fast. The loss is L = sum(y * w) with a random w, s
 import numpy as np
 import pytest
 
-from preln import BlockConfig, PreLNTransformerBlock, TransformerBlock, param_shapes
+from preln import BlockConfig, PreLNTransformerBlock, TransformerBlock, default_heads, param_shapes
 from preln.gradcheck import numerical_gradient, rel_error
 
 #: analytic vs central-difference gradients (eps = 1e-6) in float64
@@ -124,10 +124,20 @@ def test_padded_query_rows_are_computed_like_any_other_row(rng, block_factory):
     np.testing.assert_allclose(y[0, 3], y[0, 1], rtol=0, atol=SAME_F64)
 
 
-def test_product_card_self_test():
-    y = PreLNTransformerBlock(d_model=16).forward(np.random.randn(2, 4, 16))
-    assert isinstance(y, np.ndarray) and y.shape == (2, 4, 16)
-    assert not np.isnan(y).any()
+def test_product_card_self_test(rng):
+    """The one-liner ``PreLNTransformerBlock(d_model=16).forward(x)`` is the block its docstring
+    promises: Pre-LN, default_heads(D) heads, d_ff = 4 D, float64, seed 0 -- bit for bit the block
+    configured by hand -- and its output is not the input passed through."""
+    x = rng.standard_normal((2, 4, 16))
+    card = PreLNTransformerBlock(d_model=16)
+    y = card.forward(x)
+    cfg = card.config
+    assert (cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.norm_first) == (16, default_heads(16), 64, True)
+    assert y.dtype == np.float64 and y.shape == x.shape
+    by_hand = TransformerBlock(BlockConfig(d_model=16, n_heads=default_heads(16), d_ff=64, norm_first=True),
+                               dtype=np.float64, seed=0)
+    np.testing.assert_array_equal(y, by_hand(x))
+    assert np.abs(y - x).max() > 0.1       # both branches add something at PyTorch's initialisation
 
 
 # ---- state and gradients ------------------------------------------------------------------------
@@ -226,3 +236,37 @@ def test_eval_with_dropout_config_equals_train_backward_without_dropout(rng, blo
     assert scaled_error(dx, reference.backward(w)) < SAME_F64
     for k in block.grads:
         assert scaled_error(block.grads[k], reference.grads[k]) < SAME_F64, k
+
+
+# ---- one set of equations, many parts -------------------------------------------------------------
+#: the block's float64 eval forward vs the same equations over the reference parts (plain attention
+#: in both): the same ops in the same order, so round-off only
+PARTS_TOL = 1e-13
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_reference_parts_with_identity_linears_equal_the_block(norm_first, rng):
+    """block_equations over Reference parts (the quantised and paged variants' base) computes the
+    TransformerBlock's own forward when its linear part is the float h W^T + b."""
+    from preln.nn.base import block_equations
+    from preln.nn.block import LINEAR_PARAMS, Reference
+    cfg = BlockConfig(d_model=16, n_heads=2, d_ff=32, norm_first=norm_first, causal=True)
+    b = TransformerBlock(cfg, dtype=np.float64, seed=1, attention="plain", fused=False).eval()
+    x = rng.standard_normal((2, 5, 16))
+    calls = []
+
+    def linear(name, h):
+        calls.append(name)
+        w, bias = LINEAR_PARAMS[name]
+        return h @ b.params[w].T + b.params[bias]
+
+    y, _ = block_equations(x, Reference(b.params, cfg, linear), norm_first)
+    assert calls == ["in_proj", "out_proj", "linear1", "linear2"]
+    assert rel_error(y, b(x)) < PARTS_TOL
+
+
+def test_mode_must_be_a_bool(block_factory):
+    b = block_factory()
+    with pytest.raises(TypeError, match=r"mode: expected True or False; got 'eval'"):
+        b.train("eval")
+    assert b.eval().training is False and b.train().training is True

@@ -85,6 +85,28 @@ def test_every_notebook_is_in_the_nbval_run():
 
 
 # -- notebooks --------------------------------------------------------------------------------
+# A chapter a reader follows in one sitting (issue 21): a longer one is split where its material
+# has two subjects, the second part named <chapter>_<part> (see _toc.yml).
+MAX_CELLS = 60
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=nb_ids)
+def test_chapter_is_short_enough(path):
+    n = len(load(path)["cells"])
+    assert n <= MAX_CELLS, (f"{path.name} has {n} cells, more than {MAX_CELLS}: split it where its "
+                            "material has two subjects, as a second chapter book/<name>_<part>.ipynb")
+
+
+def test_a_split_chapter_follows_its_first_part():
+    files = toc_files()
+    for f in files:
+        stem = f.rsplit("/", 1)[-1]
+        firsts = [g for g in files if stem.startswith(g.rsplit("/", 1)[-1] + "_") and (ROOT / f"{g}.ipynb").is_file()]
+        for first in firsts:
+            if (ROOT / f"{f}.ipynb").is_file():
+                assert files.index(first) < files.index(f), f"{f} comes before its first part {first} in _toc.yml"
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=nb_ids)
 def test_notebook_has_stored_outputs(path):
     nb = load(path)

@@ -4,6 +4,7 @@ checkout above the notebook when it is not. (Installing from PRELN_INSTALL in a 
 exercised end to end by the learner stage of `make test`.)"""
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -17,8 +18,10 @@ import yaml
 import preln
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-import sync_bootstrap  # noqa: E402
+# scripts/ is not a package on sys.path: the script is loaded by its path
+_spec = importlib.util.spec_from_file_location("sync_bootstrap", ROOT / "scripts" / "sync_bootstrap.py")
+sync_bootstrap = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sync_bootstrap)
 
 BOOTSTRAP = sync_bootstrap.BOOTSTRAP
 CHAPTERS = sync_bootstrap.chapters()
@@ -48,6 +51,25 @@ def test_assignment_setup_starts_with_the_bootstrap(path):
         f"{path}: run python scripts/sync_bootstrap.py, then make assignments")
 
 
+def test_bootstrap_ends_with_its_end_line():
+    assert BOOTSTRAP.splitlines()[-1] == sync_bootstrap.END
+
+
+@pytest.mark.parametrize("old", ["current", "longer", "before the end line"])
+def test_replacing_any_old_bootstrap_keeps_the_setup_cells_own_code(old):
+    """An assignment's setup cell is the bootstrap, a blank line, then its imports: the sync replaces
+    the bootstrap whatever its length (a line count would eat the imports when the new one is longer)."""
+    rest = "import numpy as np\n\nfrom preln import BlockConfig"
+    marker, end = sync_bootstrap.MARKER, sync_bootstrap.END
+    bootstraps = {
+        "current": BOOTSTRAP,
+        "longer": marker + "\n" + "_x = 1\n" * (len(BOOTSTRAP.splitlines()) + 20) + end,
+        "before the end line": marker + "\nimport sys\n\ntry:\n    import preln\nexcept ModuleNotFoundError:\n"
+                               "    _root = None\n    import preln",
+    }
+    assert sync_bootstrap._strip_old(bootstraps[old] + "\n\n" + rest) == rest
+
+
 def test_default_install_is_this_repository_and_release():
     url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"].rstrip("/")
     req = re.search(r'or "([^"]+)"', BOOTSTRAP).group(1)
@@ -56,9 +78,10 @@ def test_default_install_is_this_repository_and_release():
         f"package version {preln.__version__}: edit scripts/bootstrap_cell.py, then sync")
 
 
-def _run(cwd, *flags):
-    """Execute the bootstrap in a fresh interpreter in ``cwd``; returns (returncode, stdout, stderr)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PRELN_INSTALL")}
+def _run(cwd, *flags, **env_vars):
+    """Execute the bootstrap in a fresh interpreter in ``cwd`` (``env_vars`` added to its environment);
+    returns (returncode, stdout, stderr)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PRELN_INSTALL")} | env_vars
     code = BOOTSTRAP + "\nprint('imported', preln.__file__)\n"
     p = subprocess.run([sys.executable, *flags, "-c", code], cwd=cwd, env=env,
                        capture_output=True, text=True, timeout=120)
@@ -71,17 +94,75 @@ def test_silent_where_preln_is_importable(tmp_path):
     assert out.splitlines() == [f"imported {preln.__file__}"]
 
 
-def test_finds_the_checkout_above_the_notebook(tmp_path):
-    # a stand-in checkout (python -S: no site-packages, so the installed preln is invisible)
+def _checkout(tmp_path):
+    """A stand-in checkout with a subpackage (run under python -S: no site-packages, so the installed
+    preln is invisible)."""
     checkout = tmp_path / "clone"
-    (checkout / "preln").mkdir(parents=True)
-    (checkout / "preln" / "__init__.py").write_text("")
+    (checkout / "preln" / "ops").mkdir(parents=True)
+    (checkout / "preln" / "__init__.py").write_text('__version__ = "0.0.0"\n')
+    (checkout / "preln" / "ops" / "__init__.py").write_text("WHERE = __file__\n")
     (checkout / "pyproject.toml").write_text("")
     (checkout / "book").mkdir()
+    return checkout
+
+
+def test_finds_the_checkout_above_the_notebook(tmp_path):
+    checkout = _checkout(tmp_path)
     rc, out, err = _run(checkout / "book", "-S")
     assert rc == 0, err
     assert out.splitlines() == [f"preln: using the checkout at {checkout.resolve()}",
                                 f"imported {checkout.resolve() / 'preln' / '__init__.py'}"]
+
+
+def test_the_checkout_is_loaded_by_path_not_put_on_sys_path(tmp_path):
+    """Its subpackages import through the package's own __path__; sys.path is left as it was."""
+    checkout = _checkout(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PRELN_INSTALL")}
+    code = ("import sys; before = list(sys.path)\n" + BOOTSTRAP
+            + "\nimport preln.ops; print(preln.ops.WHERE); print(sys.path == before)\n")
+    p = subprocess.run([sys.executable, "-S", "-c", code], cwd=checkout / "book", env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines()[-2:] == [str(checkout.resolve() / "preln" / "ops" / "__init__.py"), "True"]
+
+
+def test_a_leftover_folder_is_not_an_installation(tmp_path):
+    """After `pip uninstall preln`, numba's cache files keep a preln/ folder without __init__.py that
+    imports as an empty namespace package: the bootstrap must install, not stay silent. Here the
+    install cannot succeed (PRELN_INSTALL names a wheel that is not there), which also shows the hint."""
+    leftover = tmp_path / "site"
+    (leftover / "preln" / "ops" / "fused" / "__pycache__").mkdir(parents=True)
+    (leftover / "preln" / "ops" / "fused" / "__pycache__" / "_numba.kernel-1.py311.nbi").write_bytes(b"")
+    missing = tmp_path / "nowhere" / "preln-0.0.0-py3-none-any.whl"
+    rc, out, err = _run(tmp_path, PYTHONPATH=str(leftover), PRELN_INSTALL=str(missing))
+    assert rc != 0
+    assert out.splitlines() == [f"preln: not installed here; pip install {missing}"]
+    assert "RuntimeError: preln: pip could not install" in err and "Set PRELN_INSTALL" in err
+
+
+def test_offline_install_fails_with_the_hint(tmp_path):
+    """Offline, pip fails to fetch the release (for git+https, a git error): the cell shows pip's own
+    words and then says how to point PRELN_INSTALL at something installable."""
+    checkout_free = tmp_path / "alone"
+    checkout_free.mkdir()
+    # an unreachable requirement stands in for the network: a git URL on a closed local port
+    req = "preln[notebooks] @ git+https://127.0.0.1:9/preln/preln@v0.0.0"
+    rc, out, err = _run(checkout_free, PRELN_INSTALL=req, PYTHONPATH=str(_shadow(tmp_path)),
+                        GIT_TERMINAL_PROMPT="0")
+    assert rc != 0
+    assert out.splitlines() == [f"preln: not installed here; pip install {req}"]
+    assert "git" in err.lower()                                     # pip's words reach the notebook
+    hint = err[err.index("RuntimeError: preln: pip could not install"):]
+    assert "PRELN_INSTALL" in hint and "os.environ['PRELN_INSTALL']" in hint
+    assert "CalledProcessError" not in err                           # no traceback of the subprocess
+
+
+def _shadow(tmp_path):
+    """A folder that, first on PYTHONPATH, makes the installed preln invisible: a preln/ with only a
+    cache folder (an empty namespace package, which the bootstrap does not count as installed)."""
+    shadow = tmp_path / "shadow"
+    (shadow / "preln" / "__pycache__").mkdir(parents=True, exist_ok=True)
+    return shadow
 
 
 def test_a_missing_dependency_is_not_hidden(tmp_path):

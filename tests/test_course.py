@@ -21,12 +21,11 @@ import preln.course as api
 from preln.course import arg_after, call, check, close, code, equal, raises, returns, satisfies, unchanged
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts" / "course"))
-import checks  # noqa: E402
-import namecheck  # noqa: E402
-import nbtools  # noqa: E402
-import views  # noqa: E402
-import wire  # noqa: E402
+from preln.grade import checks  # noqa: E402
+from preln.grade import namecheck  # noqa: E402
+from preln.grade import nbtools  # noqa: E402
+from preln.grade import views  # noqa: E402
+from preln.grade import wire  # noqa: E402
 
 NAMES = nbtools.assignments()
 MIN_QUESTIONS, MAX_QUESTIONS = 4, 8
@@ -163,7 +162,13 @@ def test_wire_trusted_side_rejects_code_objects_and_bad_arrays():
     with pytest.raises(wire.WireError, match="deeply"):
         wire.decode(deep, {}, trusted=True)
     assert isinstance(wire.decode(*wire.encode_result(object()), trusted=True), wire.Unsupported)
-    assert isinstance(wire.decode(*wire.encode_result(np.matrix([[1.0]])), trusted=True), wire.Unsupported)
+    # an ndarray subclass is sent as its data; a MaskedArray only with nothing masked (issue 22)
+    got = wire.decode(*wire.encode_result(np.matrix([[1.0, 2.0]])), trusted=True)
+    assert type(got) is np.ndarray and got.tolist() == [[1.0, 2.0]]
+    got = wire.decode(*wire.encode_result(np.ma.masked_array([1.0, 2.0], mask=[False, False])), trusted=True)
+    assert type(got) is np.ndarray and got.tolist() == [1.0, 2.0]
+    hidden = wire.decode(*wire.encode_result(np.ma.masked_array([1.0, 2.0], mask=[False, True])), trusted=True)
+    assert isinstance(hidden, wire.Unsupported) and "masked values" in str(hidden)
 
 
 def test_wire_namedtuples_and_dataclasses():
@@ -317,7 +322,7 @@ def test_secret_lines_are_found():
 
 # --- the Course page and the instructor guide list the released assignments -------------------
 def test_pages_list_every_released_assignment():
-    import release
+    from preln.grade import release
     assert release.update_pages(NAMES, check=True) == [], "run `make assignments`"
     course = (nbtools.ROOT / "book" / "course.md").read_text()
     for name in NAMES:

@@ -1,17 +1,15 @@
 """The course edition, slow part 3 (`make test-course`): each assignment's hidden checks catch at
-least 90 % of the mutants of its solutions (scripts/course/mutate.py; `make mutation` prints the
+least 90 % of the mutants of its solutions (preln/grade/mutate.py; `make mutation` prints the
 table), and every plausible wrong answer of derivation_ops, int8, modern_block and inference loses its
-question — evaluated exactly as the grader evaluates (scripts/course/checks.py), in this process."""
+question — evaluated exactly as the grader evaluates (preln/grade/checks.py), in this process."""
 import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts" / "course"))
-sys.path.insert(0, str(ROOT))
-import mutate  # noqa: E402
-import nbtools  # noqa: E402
+from preln.grade import mutate  # noqa: E402
+from preln.grade import nbtools  # noqa: E402
 
 TARGET = 0.90
 #: a mutant that runs longer than this is caught (as the grader's per-cell timeout would)
@@ -863,7 +861,7 @@ def block_tables(events, n_blocks, block_size):
 
 
 def _plan(name):
-    import checks
+    from preln.grade import checks
     return checks.plan_for(nbtools.source_path(name))
 
 

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts" / "course"))
-import nbtools  # noqa: E402
+from preln.grade import nbtools  # noqa: E402
 
 pytest.importorskip("nbgrader", reason="the course edition needs requirements-course.txt (make test-course)")
 from nbclient import NotebookClient  # noqa: E402
@@ -64,7 +63,7 @@ def test_release_runs_and_scores_zero(name):
 
 
 def test_release_up_to_date_and_no_leaks():
-    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "course" / "release.py"), "--check"],
+    res = subprocess.run([sys.executable, "-m", "preln.grade.release", "--check"],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
 

@@ -3,6 +3,7 @@ regions executed in the grader with the full package — builds; the source's so
 the release's stubs fail it, through the grader's own code (results through wire.py); and in each
 question's view of preln every recorded input decodes while every declared reference is withheld."""
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,10 +11,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts" / "course"))
-import checks  # noqa: E402
-import nbtools  # noqa: E402
-import views  # noqa: E402
+from preln.grade import checks  # noqa: E402
+from preln.grade import nbtools  # noqa: E402
+from preln.grade import views  # noqa: E402
+from preln.grade import wire  # noqa: E402
 
 NAMES = nbtools.assignments()
 
@@ -66,8 +67,7 @@ def test_each_question_sees_its_inputs_but_not_its_references(source, tmp_path):
         views.build_view(view, *key)
         script = f"""
 import importlib, json, sys
-sys.path.insert(0, {str(ROOT / 'scripts' / 'course')!r})
-import wire
+import wire                     # the sandbox's copy (its lib folder), as grader_capture imports it
 docs = json.load(open({str(tmp_path / f'calls{gi}.json')!r}))
 for q, doc in docs.items():
     trees, blobs = wire.bundle_parts(doc["inputs"])
@@ -87,8 +87,11 @@ for ref in {refs!r}:
         pass
 print("ok")
 """
+        lib = tmp_path / "lib"
+        lib.mkdir(exist_ok=True)
+        shutil.copy(wire.__file__, lib / "wire.py")
         res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                             env={"PYTHONPATH": str(view), "PATH": "/usr/bin:/bin", "OPENBLAS_NUM_THREADS": "1"},
+                             env={"PYTHONPATH": f"{view}:{lib}", "PATH": "/usr/bin:/bin", "OPENBLAS_NUM_THREADS": "1"},
                              cwd=tmp_path)
         assert res.returncode == 0 and res.stdout.strip().endswith("ok"), (name, qkeys, res.stderr[-2000:])
         assert "REACHED" not in res.stdout, (name, qkeys, res.stdout)

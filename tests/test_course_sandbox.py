@@ -1,11 +1,12 @@
 """The course edition, slow part 4 (`make test-course`): the bubblewrap sandbox a submission runs in.
 
-One notebook of probes runs in the sandbox as a student's would (scripts/course/sandbox.py, the
+One notebook of probes runs in the sandbox as a student's would (preln/grade/sandbox.py, the
 runner and the kernel inside it): what it can see, write, reach and start. Then `make grade`
 without a working bwrap refuses and says what to install, and --no-sandbox grades with every row
 saying so (and refuses a class marked as hostile)."""
 import csv
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -15,11 +16,10 @@ import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts" / "course"))
-import autograde  # noqa: E402
-import nbtools  # noqa: E402
-import sandbox  # noqa: E402
-import views  # noqa: E402
+from preln.grade import autograde  # noqa: E402
+from preln.grade import nbtools  # noqa: E402
+from preln.grade import sandbox  # noqa: E402
+from preln.grade import views  # noqa: E402
 
 pytest.importorskip("nbgrader", reason="the course edition needs requirements-course.txt (make test-course)")
 
@@ -41,7 +41,7 @@ def probe(name, f):
         found[name] = "error: " + type(e).__name__
 probe("uid", os.getuid)
 probe("repo_visible", lambda: os.path.exists({str(ROOT / "assignments" / "source")!r}))
-probe("scripts_visible", lambda: os.path.exists({str(ROOT / "scripts" / "course" / "grade.py")!r}))
+probe("scripts_visible", lambda: os.path.exists({str(ROOT / "preln" / "grade" / "cli.py")!r}))
 probe("venv_visible", lambda: os.path.exists(sys.prefix))
 probe("write_venv", lambda: open(os.path.join(sys.prefix, "planted.py"), "w").write("x"))
 probe("write_usr", lambda: open("/usr/planted", "w").write("x"))
@@ -53,6 +53,7 @@ probe("nproc", lambda: resource.getrlimit(resource.RLIMIT_NPROC)[0])
 probe("as_mb", lambda: resource.getrlimit(resource.RLIMIT_AS)[0] // 2 ** 20)
 probe("kill_init", lambda: os.kill(1, 9) or "killed")
 probe("preln_file", lambda: __import__("preln").__file__)
+probe("read_calls", lambda: os.listdir("/job/calls"))
 probe("alloc_3gb", lambda: len(bytearray(3 * 2 ** 30)))
 probe("forks", forks)
 print("PROBES" + json.dumps(found))
@@ -85,6 +86,14 @@ def test_the_repository_is_not_there(probed):
     assert found["repo_visible"] is False and found["scripts_visible"] is False
     assert found["venv_visible"] is True                      # the Python environment is, read-only
     assert found["preln_file"].startswith("/grader/view/")    # the question's view, not the package
+
+
+def test_the_hidden_calls_are_not_readable_by_the_notebook(probed):
+    """As root, /job/calls is the runner's (read before it drops to the sandbox's uid): a student's
+    cell cannot list or print the hidden inputs into its feedback (issue 22)."""
+    found, _, _ = probed
+    if os.geteuid() == 0:
+        assert found["read_calls"] == "error: PermissionError", found["read_calls"]
 
 
 def test_only_its_own_tmpfs_is_writable(probed):
@@ -120,7 +129,7 @@ def _class(tmp, students):
 
 def test_grade_refuses_without_bwrap(tmp_path):
     subs = _class(tmp_path, ["alice"])
-    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "course" / "grade.py"), str(subs), "--out",
+    res = subprocess.run([sys.executable, "-m", "preln.grade", str(subs), "--out",
                           str(tmp_path / "out"), "--bwrap", "/nonexistent/bwrap"], capture_output=True, text=True)
     assert res.returncode == 2, res.stdout + res.stderr
     assert "bubblewrap" in res.stderr and "--no-sandbox" in res.stderr
@@ -129,15 +138,22 @@ def test_grade_refuses_without_bwrap(tmp_path):
 
 def test_no_sandbox_says_so_and_refuses_a_hostile_class(tmp_path):
     subs = _class(tmp_path, ["alice"])
-    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "course" / "grade.py"), str(subs), "--out",
-                          str(tmp_path / "out"), "--assignment", "derivation_ops", "--no-sandbox", "--no-feedback",
-                          "--jobs", "1"], capture_output=True, text=True)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    roster = tmp_path / "roster.csv"
+    roster.write_text("student\nalice\nbob\n")
+    res = subprocess.run([sys.executable, "-m", "preln.grade", str(subs), "--out", str(tmp_path / "out"),
+                          "--roster", str(roster), "--no-sandbox", "--no-feedback", "--jobs", "1"],
+                         capture_output=True, text=True)
+    # 3: a file outside changed meanwhile (this shared tree may be edited while it runs; the check
+    # itself is tested by test_course_grading.py), not this run's subject
+    assert res.returncode in (0, 3), res.stdout[-2000:] + res.stderr[-2000:]
     with open(tmp_path / "out" / "derivation_ops.csv", newline="") as f:
-        row = next(csv.DictReader(f))
-    assert row["total"] == "20" and row["status"] == "ok (not sandboxed: --no-sandbox)"
+        got = {r["student"]: r for r in csv.DictReader(f)}
+    assert got["alice"]["total"] == "20" and got["alice"]["status"] == "ok (not sandboxed: --no-sandbox)"
+    assert got["bob"]["status"] == "missing"
+    # the roster makes no CSV of `missing` rows for the assignments nobody handed in
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.csv")) == ["derivation_ops.csv"]
     (subs / ".hostile").write_text("attacks the grader\n")
-    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "course" / "grade.py"), str(subs), "--out",
+    res = subprocess.run([sys.executable, "-m", "preln.grade", str(subs), "--out",
                           str(tmp_path / "out2"), "--no-sandbox"], capture_output=True, text=True)
     assert res.returncode == 2 and "sandboxed" in res.stderr
 
@@ -151,14 +167,12 @@ def test_the_nbgrader_config_plugs_in_the_sandbox():
 
 
 def test_stock_nbgrader_autograde_gets_the_same_protection(tmp_path):
-    """`nbgrader autograde` run in a course directory laid out like assignments/ (with
-    scripts/course/ next to it): the configuration's SandboxedExecute grades the honest notebook
+    """`nbgrader autograde` run in a course directory laid out like assignments/, elsewhere (the
+    configuration imports the installed preln.grade): its SandboxedExecute grades the honest notebook
     and zeroes the cheats, exactly as make grade does."""
     course = tmp_path / "assignments"
     shutil.copytree(nbtools.COURSE / "source" / "derivation_ops", course / "source" / "derivation_ops")
     shutil.copy(nbtools.COURSE / "nbgrader_config.py", course / "nbgrader_config.py")
-    shutil.copytree(ROOT / "scripts" / "course", tmp_path / "scripts" / "course",
-                    ignore=shutil.ignore_patterns("__pycache__"))
     for student in ("alice", "oscar", "nina"):
         dest = course / "submitted" / student / "derivation_ops"
         dest.mkdir(parents=True)
@@ -174,3 +188,44 @@ def test_stock_nbgrader_autograde_gets_the_same_protection(tmp_path):
     assert totals == {"alice": 20, "oscar": 0, "nina": 0}, totals
     text = (course / "autograded" / "oscar" / "derivation_ops" / "derivation_ops.ipynb").read_text()
     assert "not available while your notebook is graded" in text and "HiddenCheckFailed" in text
+
+
+KEYCTL = '''
+import ctypes, platform
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+NR = {"x86_64": (248, 250), "aarch64": (217, 219)}[platform.machine()]     # add_key, keyctl
+def add(payload):          # add_key("user", "relay", payload, KEY_SPEC_USER_KEYRING)
+    return libc.syscall(NR[0], b"user", b"relay", payload, len(payload), -4)
+def search():              # keyctl(KEYCTL_SEARCH, KEY_SPEC_USER_KEYRING, "user", "relay", 0)
+    return libc.syscall(NR[1], 10, -4, b"user", b"relay", 0)
+'''
+
+
+def _run_cell(tmp, source, name):
+    job = tmp / name
+    (job / "calls").mkdir(parents=True)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(source)]
+    nbformat.write(nb, str(job / "notebook.ipynb"))
+    (job / "spec.json").write_text(json.dumps({"cells": [0], "questions": []}))
+    view = views.build_view(tmp / f"view-{name}", [])
+    ws = autograde.workspace(tmp / "ws")
+    doc = sandbox.run_job(job, view, ws.lib, sandbox.Settings(cell_timeout=60))
+    return "".join(o.get("text", "") for o in doc["cells"]["0"]["outputs"] if o.get("output_type") == "stream")
+
+
+def test_no_relay_through_the_keyring_between_sandboxes(tmp_path):
+    """A notebook stores a key in its user keyring; the next sandbox (a new uid, keyrings cleared,
+    a new session keyring) does not find it (issue 22: the relay between a student's notebooks)."""
+    stored = _run_cell(tmp_path, KEYCTL + "print('ADDED', add(b'the package source'), search())", "first")
+    added, seen = (int(x) for x in stored.split("ADDED", 1)[1].split()[:2])
+    assert added > 0 and seen == added, stored        # the keyring works inside one sandbox
+    found = _run_cell(tmp_path, KEYCTL + "print('FOUND', search())", "second")
+    assert "FOUND -1" in found, found                 # ENOKEY (or keyctl refused): nothing carried over
+
+
+def test_uids_are_new_per_sandbox(tmp_path):
+    counter = tmp_path / "uid-counter"
+    uids = [sandbox.next_uid(60000, counter) for _ in range(5)]
+    assert len(set(uids)) == 5 and all(60000 <= u < 60000 + sandbox.UID_SPAN for u in uids)

@@ -7,7 +7,7 @@ from matplotlib.figure import Figure
 from preln import BlockConfig, TransformerBlock
 from preln.chapters.figures import all_explorables
 from preln.chapters.figures import derivation_block as figs
-from preln.gradcheck import numerical_gradient, scaled_max_error
+from preln.gradcheck import numerical_gradient, rel_error
 from tests.figure_checks import assert_labelled
 
 FD_TOL = 1e-7        # hand-written backward vs central differences (float64)
@@ -26,7 +26,7 @@ def test_block_jacobian_matches_finite_differences(norm_first):
     assert J.shape == (24, 24)
     for i in (0, 7, 23):                                     # rows: gradients of single outputs
         fd = numerical_gradient(lambda z: float(block(z).ravel()[i]), x).ravel()
-        assert scaled_max_error(J[i], fd) < FD_TOL
+        assert rel_error(J[i], fd) < FD_TOL
     assert all(not g.any() for g in block.grads.values())    # parameter gradients left at zero
     with pytest.raises(ValueError, match=r"x: expected one sequence, shape \(1, S, D\)"):
         figs.block_jacobian(block, np.zeros((2, 3, 8)))
@@ -41,7 +41,7 @@ def test_jacobian_stats_and_ln_jacobian():
     fd = np.stack([numerical_gradient(lambda z: layer_norm_forward(z, np.ones(6), np.zeros(6))[0][j], row)
                    for j in range(6)], axis=1)
     J = figs.ln_jacobian(row)
-    assert scaled_max_error(J, fd) < FD_TOL
+    assert rel_error(J, fd) < FD_TOL
     # its largest singular value is the gain r = 1/sqrt(var + eps)
     assert abs(np.linalg.svd(J, compute_uv=False)[0] - 1 / np.sqrt(row.var() + 1e-5)) < EXACT_TOL
 

@@ -270,3 +270,17 @@ def test_quantize_weights_bad_input():
         weight_only.quantize_weights(lm.stack, "rtn")
     with pytest.raises(TypeError, match="options"):
         weight_only.quantize_weights(lm, "rtn", damp=0.1)
+
+
+def test_the_hessian_is_factored_never_inverted(monkeypatch):
+    """GPTQ reads U off a Cholesky factor of H and one triangular solve: a general inverse is
+    neither needed nor called (np.linalg.inv raising here would fail the run)."""
+    def no_inverse(*_):
+        raise AssertionError("np.linalg.inv called")
+    rng = np.random.default_rng(5)
+    x = correlated_inputs(rng, 40, 6)
+    expected = np.linalg.cholesky(np.linalg.inv(hessian(x) + 0.01 * np.mean(np.diag(hessian(x))) * np.eye(6))).T
+    monkeypatch.setattr(np.linalg, "inv", no_inverse)
+    u = inverse_hessian_factor(hessian(x))
+    assert np.abs(u - expected).max() < REORDER_TOL * np.abs(expected).max()
+    gptq(rng.standard_normal((4, 6)), x, bits=3)                  # the whole quantiser, no inverse

@@ -85,8 +85,6 @@ def test_op_traffic_bad_input(kwargs, match):
 
 @pytest.mark.parametrize("schedule", inf.SCHEDULES)
 def test_time_ops_times_every_op(schedule):
-    if schedule == "fused":
-        pytest.importorskip("numba")
     times = inf.time_ops(CFG, 1, 16, schedule, repeats=1, flush_bytes=2**20)
     assert list(times) == [o.name for o in inf.op_traffic(CFG, 1, 16, schedule)]
     assert all(t >= 0 and math.isfinite(t) for t in times.values())
@@ -95,7 +93,6 @@ def test_time_ops_times_every_op(schedule):
 
 
 def test_time_fusion_kernels_agree_with_numpy():
-    pytest.importorskip("numba")
     rows = inf.time_fusion(nbytes=2**16, width=64, repeats=1, flush_bytes=2**16)
     assert [r.name for r in rows] == ["LayerNorm", "bias + residual + LayerNorm", "bias + GELU",
                                       "softmax", "bias + residual"]

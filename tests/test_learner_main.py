@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 import preln
@@ -86,6 +87,16 @@ def test_map_option_prints_the_map_alone(capsys):
     out = capsys.readouterr().out
     assert out.strip() == cli.map_text().strip()
     assert "``" not in out
+
+
+def test_help_says_the_whole_purpose(capsys):
+    """--help gives the docstring's first paragraph whole (it was cut at the first line's end)."""
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["--help"])
+    assert stop.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert cli.help_description().endswith("run its notebooks.")
+    assert cli.help_description() in out and "--map" in out and "--version" in out
 
 
 def test_version_option(capsys):

@@ -5,10 +5,11 @@ reads. (Installing and running it all in fresh venvs is `make test-learner`.)"""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
+import shutil
 import subprocess
 import sys
-import tomllib
 import zipfile
 from importlib import metadata
 from pathlib import Path
@@ -22,7 +23,16 @@ from packaging.utils import canonicalize_name
 
 import preln
 
+try:
+    import tomllib
+except ModuleNotFoundError:      # Python 3.10: the same parser as the tomli package (requirements.txt)
+    import tomli as tomllib
+
 ROOT = Path(__file__).resolve().parents[1]
+# scripts/learner_check.py (`make test-learner`), loaded by its path: scripts/ is not a package on sys.path
+_spec = importlib.util.spec_from_file_location("learner_check", ROOT / "scripts" / "learner_check.py")
+learner_check = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(learner_check)
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 PROJECT = PYPROJECT["project"]
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
@@ -35,7 +45,14 @@ OPTIONAL_IMPORTS = {
     "torch": "the PyTorch reference of the benchmark and tests, never a dependency",
     "transformers": "the LlamaDecoderLayer reference of the benchmark and tests, never a dependency",
     "myst_nb": "preln.nb.glue falls back to showing the value without the book's toolchain",
+    "gguf": "preln.gguf reads GGUF files with it (the gguf extra); an error names the install command",
+    "tokenizers": "preln.gguf builds the tokenizer with it (the gguf extra)",
+    "jinja2": "preln.gguf renders a chat template with it (the gguf extra)",
 }
+# the Jupyter of preln[notebooks]: a kernel and the notebook server
+JUPYTER = {"ipykernel", "notebook"}
+# the oldest versions of them Colab's runtime has shipped (the notebooks extra's bounds must admit them)
+COLAB_JUPYTER = {"ipykernel": "5.5.6", "notebook": "6.5.5"}
 # what binder/ must not carry: tests, the site's build stack, packaging tools
 NOT_FOR_READERS = {"pytest", "pytest-timeout", "pytest-xdist", "execnet", "nbval", "hypothesis", "playwright", "jupyter-book",
                    "myst-nb", "sphinxcontrib-bibtex", "setuptools", "nbconvert", "nbgrader"}
@@ -139,11 +156,20 @@ def test_notebooks_extra_covers_every_import_of_the_chapters_and_assignments():
                          "add them to pyproject.toml's dependencies or the notebooks extra")
 
 
-def test_notebooks_extra_is_what_the_figures_need_and_no_more():
+def test_notebooks_extra_is_what_running_the_chapters_needs_and_no_more():
     names = {canonicalize_name(r.name) for r in extra("notebooks")}
-    assert names == {"matplotlib", "ipywidgets"}, (
-        "preln[notebooks] is what a Colab-like kernel adds to run the chapters; "
-        f"change this test with a reason if that changes: {names}")
+    assert names == {"matplotlib", "ipywidgets"} | JUPYTER, (
+        "preln[notebooks] is the chapters' imports (matplotlib, ipywidgets) and a Jupyter to run them in "
+        f"(ipykernel, notebook); change this test with a reason if that changes: {names}")
+
+
+def test_notebooks_extra_installs_no_second_jupyter_on_colab():
+    """The bootstrap pip-installs preln[notebooks] into Colab's kernel: the Jupyter lower bounds must
+    be met by what Colab ships (ipykernel 5.5 and notebook 6.5 at the oldest), or pip would replace
+    the server Colab runs."""
+    for req in extra("notebooks"):
+        if canonicalize_name(req.name) in JUPYTER:
+            assert req.specifier.contains(COLAB_JUPYTER[canonicalize_name(req.name)]), req
 
 
 @pytest.mark.parametrize("mod", sorted(OPTIONAL_IMPORTS))
@@ -229,11 +255,13 @@ def test_binder_requirements_are_the_readers_subset_of_requirements_txt():
     reference = pins(ROOT / "requirements.txt", python)
     differ = {n: (v, reference.get(n)) for n, v in binder.items() if reference.get(n) != v}
     assert not differ, f"binder pin vs requirements.txt pin for Python {python}: {differ}"
-    wanted = ({canonicalize_name(r.name) for r in dependencies() + extra("notebooks")}
+    # repo2docker's base environment runs the Jupyter server and brings ipykernel: pinning them here
+    # would replace the server it starts, so binder/ lists the rest of preln[notebooks]
+    wanted = ({canonicalize_name(r.name) for r in dependencies() + extra("notebooks")} - JUPYTER
               | {"jupyterlab-myst"})
     assert set(binder) == wanted, (f"binder/requirements.txt should list the package's dependencies, "
-                                   f"preln[notebooks] and jupyterlab-myst: missing {sorted(wanted - set(binder))}, "
-                                   f"extra {sorted(set(binder) - wanted)}")
+                                   f"preln[notebooks] but its Jupyter, and jupyterlab-myst: missing "
+                                   f"{sorted(wanted - set(binder))}, extra {sorted(set(binder) - wanted)}")
     assert not set(binder) & NOT_FOR_READERS
 
 
@@ -296,14 +324,12 @@ def test_install_lines_name_the_repository_and_release():
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
     """A wheel built from the files of this checkout that git tracks or would add."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import learner_check
     tmp = tmp_path_factory.mktemp("wheel")
     src, dist = tmp / "src", tmp / "dist"
     files = learner_check.checkout_files()
     for f in files:
         (src / f).parent.mkdir(parents=True, exist_ok=True)
-        (src / f).write_bytes((ROOT / f).read_bytes())
+        shutil.copy2(ROOT / f, src / f, follow_symlinks=False)      # a link stays a link, as build_wheel copies
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                     "-w", str(dist), str(src)], check=True, capture_output=True, timeout=600)
     (whl,) = dist.glob("preln-*.whl")
@@ -346,20 +372,20 @@ def test_wheel_data_is_what_data_path_returns_from_the_wheel(wheel, tmp_path):
     whl, _ = wheel
     with zipfile.ZipFile(whl) as z:
         z.extractall(tmp_path / "site")
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from preln.resources import data_path; "
+    code = ("import sys; from preln.resources import data_path; "
             "p = data_path('corpus.txt'); print(p); assert p.is_file() and str(p).startswith(sys.argv[1])")
     p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "site")], cwd=tmp_path, capture_output=True,
-                       text=True, timeout=300, env={"PATH": "/usr/bin:/bin", "OPENBLAS_NUM_THREADS": "1"})
+                       text=True, timeout=300, env={"PATH": "/usr/bin:/bin", "OPENBLAS_NUM_THREADS": "1",
+                                                    "PYTHONPATH": str(tmp_path / "site")})
     assert p.returncode == 0, p.stderr[-2000:]
 
 
 def test_learner_stage_runs_every_chapter_and_an_assignment():
     """The learner stage covers what the issue asks: every chapter (from book/) and one assignment."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import learner_check
     assert learner_check.chapters() == CHAPTERS
     assert learner_check.ASSIGNMENT in sorted((ROOT / "assignments" / "source").glob("*/*.ipynb"))
-    assert set(learner_check.COLAB_PACKAGES) == {"numpy", "scipy", "matplotlib", "ipywidgets", "ipykernel"}
+    assert set(learner_check.COLAB_PACKAGES) == {"numpy", "scipy", "matplotlib", "ipywidgets", "ipykernel",
+                                                   "notebook"}
     makefile = (ROOT / "Makefile").read_text()
     test_line = next(ln for ln in makefile.splitlines() if ln.startswith("test:"))
     assert "test-learner" in test_line.split()

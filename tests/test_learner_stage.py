@@ -2,14 +2,17 @@
 learner's would, and the environment it gives the kernel. The stage itself runs in `make test`."""
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-import learner_check  # noqa: E402
+# scripts/ is not a package on sys.path: the script is loaded by its path
+_spec = importlib.util.spec_from_file_location("learner_check", ROOT / "scripts" / "learner_check.py")
+learner_check = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(learner_check)
 
 REQ = "preln[notebooks] @ file:///tmp/dist/preln-0.2.0-py3-none-any.whl"
 

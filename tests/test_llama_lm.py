@@ -7,7 +7,7 @@ import pytest
 
 from preln.models import pretrained
 from preln.chapters.figures import modern_block as mb
-from preln.gradcheck import numerical_gradient, scaled_max_error
+from preln.gradcheck import numerical_gradient, rel_error
 from preln.models.llama_lm import LlamaLM, LlamaLMConfig, held_out_loss, train_lm
 from preln.models.lm import LMConfig, TinyLM
 from preln.models.corpus import load_corpus
@@ -38,7 +38,7 @@ def test_every_gradient(rng):
             return lm.loss(tokens, targets)
         numeric = numerical_gradient(loss, original)
         p[...] = original
-        assert scaled_max_error(grads[name], numeric) < GRAD_TOL, name
+        assert rel_error(grads[name], numeric) < GRAD_TOL, name
 
 
 def test_decode_equals_forward_past_the_trained_length(rng):
@@ -48,7 +48,7 @@ def test_decode_equals_forward_past_the_trained_length(rng):
     kv = lm.kv_cache(2, 11)
     parts = [lm.decode(tokens[:, a:b], kv) for a, b in ((0, 4), (4, 5), (5, 11))]
     assert kv.length == 11 and kv.nbytes == 2 * 2 * 2 * 11 * 1 * 4 * 8   # L * 2 * B * S * H_kv * d_h * 8
-    assert scaled_max_error(np.concatenate(parts, axis=1), full) < SAME_F64
+    assert rel_error(np.concatenate(parts, axis=1), full) < SAME_F64
 
 
 def test_bad_input():

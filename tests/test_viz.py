@@ -249,15 +249,16 @@ def test_live_in_ipython_returns_an_interactive():
 
 
 def _site_extension():
-    """book/_ext/preln_site.py, the Sphinx extension that publishes the explorables."""
-    import importlib
-    import sys
+    """book/_ext/preln_site.py, the Sphinx extension that publishes the explorables (loaded by its
+    path: book/_ext is on sys.path only inside a Sphinx build)."""
+    import importlib.util
     from pathlib import Path
 
-    ext = Path(__file__).resolve().parents[1] / "book" / "_ext"
-    if str(ext) not in sys.path:
-        sys.path.insert(0, str(ext))
-    return importlib.import_module("preln_site")
+    path = Path(__file__).resolve().parents[1] / "book" / "_ext" / "preln_site.py"
+    spec = importlib.util.spec_from_file_location("preln_site", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_the_site_build_moves_frames_into_content_named_files(tmp_path):

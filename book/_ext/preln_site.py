@@ -22,6 +22,10 @@
   bibliography's deprecated ARIA role, myst-nb's hide-input toggle, and the theme's icon fonts
   cut down to the glyphs the pages use (the theme's Font Awesome script is left out by
   book/_templates/static/webpack-macros.html).
+- A student notebook downloads as `<name>_assignment.ipynb`, not under the chapter's own
+  `<name>.ipynb` (the chapter page's download button): saved in one folder, neither replaces the
+  other. Sphinx names a download after its file, which keeps nbgrader's name
+  (assignments/release/<name>/<name>.ipynb); only the served copy is renamed.
 """
 from __future__ import annotations
 
@@ -218,12 +222,33 @@ def resolve_docstring_refs(app, env, node, contnode):
     return contnode
 
 
+# assignments/release/<name>/<name>.ipynb, as a path relative to the book's source folder
+ASSIGNMENT_DOWNLOAD = re.compile(r"^assignments/release/([^/]+)/\1\.ipynb$")
+
+
+def rename_assignment_downloads(app, doctree):
+    """Serve each student notebook as _downloads/<digest>/<name>_assignment.ipynb (after Sphinx's
+    collector has registered the download: env.dlfiles maps the file to (pages, served path))."""
+    from sphinx import addnodes
+
+    served = {dest: rel for rel, (_, dest) in app.env.dlfiles.items()}
+    for node in doctree.findall(addnodes.download_reference):
+        rel = served.get(node.get("filename", ""))
+        m = ASSIGNMENT_DOWNLOAD.match(rel or "")
+        if m:
+            docs, dest = app.env.dlfiles[rel]
+            new = f"{dest.split('/', 1)[0]}/{m.group(1)}_assignment.ipynb"
+            app.env.dlfiles[rel] = (docs, new)
+            node["filename"] = new
+
+
 def setup(app):
     from myst_nb.sphinx_ import HideCodeCellNode
 
     app.connect("html-page-context", rewrite_body, priority=900)
     app.connect("html-page-context", clean_scripts, priority=999)
     app.connect("build-finished", subset_icon_fonts)
+    app.connect("doctree-read", rename_assignment_downloads, priority=600)   # after the collector (500)
     # after Sphinx's own resolvers (intersphinx, the builtin resolver) had their go
     app.connect("missing-reference", resolve_docstring_refs, priority=900)
     app.add_node(HideCodeCellNode, override=True, html=(visit_hide_cell_input, depart_hide_cell_input))

@@ -82,6 +82,7 @@ import numpy as np
 
 from preln.blas import blas_threads
 from preln.nn.config import BlockConfig
+from preln.validation import nonnegative_int, positive_int
 from preln.chapters.shapes import shape_flow
 
 __all__ = ["Roofline", "PUBLISHED", "measure_gemm", "measure_bandwidth", "measure_roofline",
@@ -204,16 +205,15 @@ class OpTraffic(NamedTuple):
     def nbytes(self):
         return self.read + self.written
 
-    @property
-    def intensity(self):
-        """FLOPs per byte of traffic."""
-        return self.flops / self.nbytes
+    intensity = property(lambda self: _intensity(self), doc="FLOPs per byte of traffic.")
+
+
+def _intensity(traffic):  # FLOPs per byte of main-memory traffic
+    return traffic.flops / traffic.nbytes
 
 
 def _check_size(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name}: expected a positive int; got {value!r}")
-    return int(value)
+    return positive_int(value, name)
 
 
 def op_traffic(config, B, S, schedule="unfused", itemsize=4):
@@ -734,9 +734,7 @@ class DecodeCost(NamedTuple):
     def nbytes(self):
         return self.weight_bytes + self.kv_bytes
 
-    @property
-    def intensity(self):
-        return self.flops / self.nbytes
+    intensity = property(lambda self: _intensity(self), doc="FLOPs per byte of traffic.")
 
 
 def decode_cost(config, n_layers, batch, context, itemsize=2, n_kv_heads=None, weight_bits=None,
@@ -783,14 +781,9 @@ class ModelShape(NamedTuple):
     max_context: int      # positions the model was trained for
     source: str = ""      # a citation key of book/references.bib
 
-    @property
-    def d_head(self):
-        return self.d_model // self.n_heads
-
-    @property
-    def group(self):
-        """Query heads per key/value head: 1 for multi-head attention."""
-        return self.n_heads // self.n_kv_heads
+    d_head = property(lambda self: self.d_model // self.n_heads, doc="The width of one head.")
+    group = property(lambda self: self.n_heads // self.n_kv_heads,
+                     doc="Query heads per key/value head: 1 for multi-head attention.")
 
     def layer_matrix_params(self):
         """Weights of one layer's matrices: q and out (D x D), k and v (n_kv d_h x D), the MLP."""
@@ -857,8 +850,7 @@ def step_ops(model, batch, new=1, context=0, itemsize=2, weight_bits=None, group
     """
     _check_model(model)
     batch, new = _check_size("batch", batch), _check_size("new", new)
-    if isinstance(context, bool) or not isinstance(context, (int, np.integer)) or context < 0:
-        raise ValueError(f"context: expected an int >= 0; got {context!r}")
+    context = nonnegative_int(context, "context")
     itemsize = _check_size("itemsize", itemsize)
     s = itemsize
     w = weight_bytes_per_value(8 * s if weight_bits is None else weight_bits, group_size)

@@ -101,6 +101,7 @@ from preln.nn.block import TransformerBlock
 from preln.nn.config import BlockConfig
 from preln.ops.attention import K_TILE, Q_TILE
 from preln.precision import compute_dtype, elementwise_dtype, resolve_dtype, resolve_policy
+from preln.validation import positive_int
 
 __all__ = ["OpRow", "ShapeFlow", "shape_flow", "observed_shapes", "closed_form_flops",
            "closed_form_backward_flops", "kept_bytes_per_token", "time_backward",
@@ -222,12 +223,9 @@ def shape_flow(config, B, S, dtype=np.float32, training=True, attention="auto", 
     """
     if not isinstance(config, BlockConfig):
         raise TypeError(f"config: expected a preln.BlockConfig; got {type(config).__name__}")
-    for name, value in (("B", B), ("S", S)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{name}: expected a positive int; got {value!r}")
+    B, S = positive_int(B, "B"), positive_int(S, "S")
     if attention not in ("auto", "plain", "tiled"):
         raise ValueError(f"attention: expected 'auto', 'plain' or 'tiled'; got {attention!r}")
-    B, S = int(B), int(S)
     dt = resolve_dtype(dtype)
     pol = resolve_policy(policy)
     ct = compute_dtype(dt, pol)                       # matmuls, softmax
@@ -601,21 +599,22 @@ def peak_forward_bytes(config, B, S, dtype=np.float32, training=True, attention=
 
 # ---- formatting ------------------------------------------------------------------------------
 
+def _scaled(n, base, units):
+    """n in the largest of ``units`` (each ``base`` times the one before) it reaches; whole numbers
+    in the first unit, 3 significant digits in the others; the last unit takes everything above."""
+    n = float(n)
+    for unit in units[:-1]:
+        if abs(n) < base:
+            return f"{n:.0f}{unit}" if unit == units[0] else f"{n:.3g}{unit}"
+        n /= base
+    return f"{n:.3g}{units[-1]}"
+
+
 def format_bytes(n):
     """1536 -> '1.5 KiB' (binary prefixes, 3 significant digits)."""
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"
-        n /= 1024
-    return f"{n:.3g} TiB"  # pragma: no cover
+    return _scaled(n, 1024, (" B", " KiB", " MiB", " GiB", " TiB"))
 
 
 def format_count(n):
     """12_345_678 -> '12.3 M' (decimal prefixes, 3 significant digits)."""
-    n = float(n)
-    for unit in ("", " k", " M", " G", " T"):
-        if abs(n) < 1000 or unit == " T":
-            return f"{n:.0f}{unit}" if unit == "" else f"{n:.3g}{unit}"
-        n /= 1000
-    return f"{n:.3g} P"  # pragma: no cover
+    return _scaled(n, 1000, ("", " k", " M", " G", " T"))

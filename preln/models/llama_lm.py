@@ -24,11 +24,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from preln.models.lm import cross_entropy_backward, cross_entropy_forward, embedding_backward, embedding_forward
+from preln.models.lm import LanguageModel, TokenIO, cross_entropy_forward, embedding_backward
 from preln.nn.llama import LlamaBlock, LlamaConfig
-from preln.ops import linear_backward, linear_forward, rms_norm_backward, rms_norm_forward
-from preln.models.optim import Adam, clip_grad_norm, warmup_lr
+from preln.ops import linear_backward, rms_norm_backward, rms_norm_forward
+from preln.models.optim import Adam, train_step
 from preln.nn.stack import StackKVCache
+from preln.validation import check_choice, positive_int
 
 __all__ = ["LlamaLMConfig", "LlamaLM", "train_lm", "held_out_loss"]
 
@@ -49,16 +50,14 @@ class LlamaLMConfig(NamedTuple):
                            d_ff=self.d_ff, rope_theta=self.rope_theta, eps=self.eps)
 
 
-class LlamaLM:
+class LlamaLM(LanguageModel):
     """A causal character LM: an embedding, L :class:`preln.LlamaBlock` s, RMSNorm, a head."""
 
     def __init__(self, config=LlamaLMConfig(), dtype=np.float64, seed=0):
         if not isinstance(config, LlamaLMConfig):
             raise TypeError(f"config: expected a preln.models.llama_lm.LlamaLMConfig; got {type(config).__name__}")
-        if config.init not in ("xavier", "llama"):
-            raise ValueError(f"init: expected 'xavier' or 'llama'; got {config.init!r}")
-        if isinstance(config.n_layers, bool) or not isinstance(config.n_layers, int) or config.n_layers < 1:
-            raise ValueError(f"n_layers: expected a positive int; got {config.n_layers!r}")
+        check_choice(config.init, ("xavier", "llama"), "init")
+        positive_int(config.n_layers, "n_layers")
         self.config = config
         self.dtype = np.dtype(dtype)
         block_cfg = config.block_config()
@@ -77,60 +76,37 @@ class LlamaLM:
                     "lm_head.weight": rng.normal(0, head_std, (V, D))}
         self.own = {k: v.astype(self.dtype) for k, v in self.own.items()}
         self.own_grads = {k: np.zeros_like(v) for k, v in self.own.items()}
+        self.io = TokenIO(V, None, tok="model.embed_tokens.weight", pos=None, head="lm_head.weight", bias=None)
         self._cache = None
 
     # ---- parameters ----------------------------------------------------------------------------
+    def _named(self, own, of_layer):  # transformers' order: embedding, layers, norm, head
+        out = {"model.embed_tokens.weight": own["model.embed_tokens.weight"]}
+        for i, layer in enumerate(self.layers):
+            out.update({f"model.layers.{i}.{k}": v for k, v in of_layer(layer).items()})
+        out["model.norm.weight"] = own["model.norm.weight"]
+        out["lm_head.weight"] = own["lm_head.weight"]
+        return out
+
     @property
     def params(self):
         """name -> the live parameter array (an optimiser updates them in place)."""
-        out = {"model.embed_tokens.weight": self.own["model.embed_tokens.weight"]}
-        for i, layer in enumerate(self.layers):
-            out.update({f"model.layers.{i}.{k}": v for k, v in layer.params.items()})
-        out["model.norm.weight"] = self.own["model.norm.weight"]
-        out["lm_head.weight"] = self.own["lm_head.weight"]
-        return out
+        return self._named(self.own, lambda layer: layer.params)
 
     @property
     def grads(self):
-        out = {"model.embed_tokens.weight": self.own_grads["model.embed_tokens.weight"]}
-        for i, layer in enumerate(self.layers):
-            out.update({f"model.layers.{i}.{k}": v for k, v in layer.grads.items()})
-        out["model.norm.weight"] = self.own_grads["model.norm.weight"]
-        out["lm_head.weight"] = self.own_grads["lm_head.weight"]
-        return out
+        return self._named(self.own_grads, lambda layer: layer.grads)
 
-    def num_params(self):
-        return int(sum(v.size for v in self.params.values()))
-
-    def state_dict(self):
-        return {k: v.copy() for k, v in self.params.items()}
-
-    def zero_grad(self):
-        for layer in self.layers:
-            layer.zero_grad()
-        for g in self.own_grads.values():
-            g[...] = 0
-
-    def train(self, mode=True):
-        for layer in self.layers:
-            layer.train(mode)
-        return self
-
-    def eval(self):
-        return self.train(False)
-
-    @property
-    def training(self):
-        return self.layers[0].training
+    def children(self):
+        return self.layers
 
     # ---- forward and backward ------------------------------------------------------------------
     def forward(self, tokens):  # (B, S) int -> logits (B, S, V)
-        tokens = self._check_tokens(tokens, "tokens")
-        h, c_emb = embedding_forward(tokens, self.own["model.embed_tokens.weight"])   # (B, S, D)
+        h, c_emb = self.io.embed(self.own, tokens)                                  # (B, S, D)
         for layer in self.layers:
             h = layer(h)                                                            # (B, S, D)
         h, c_norm = rms_norm_forward(h, self.own["model.norm.weight"], self.config.eps)
-        logits, c_head = linear_forward(h, self.own["lm_head.weight"], None)         # (B, S, V)
+        logits, c_head = self.io.logits(self.own, h)                                # (B, S, V)
         self._cache = (c_emb, c_norm, c_head)
         return logits
 
@@ -148,18 +124,6 @@ class LlamaLM:
             dh = layer.backward(dh)                                   # h_l = Block_l(h_{l-1})
         self.own_grads["model.embed_tokens.weight"] += embedding_backward(dh, c_emb)   # h_0 = E[tokens]
 
-    def loss(self, tokens, targets):
-        """Mean cross-entropy (nats per token) of predicting ``targets`` (B, S) from ``tokens``."""
-        return float(cross_entropy_forward(self.forward(tokens), targets)[0])
-
-    def loss_and_grads(self, tokens, targets):
-        """Forward, loss, backward: returns (loss, grads) with grads freshly zeroed then filled."""
-        self.zero_grad()
-        logits = self.forward(tokens)                                 # (B, S, V)
-        loss, c_ce = cross_entropy_forward(logits, targets)
-        self.backward(cross_entropy_backward(1.0, c_ce))
-        return float(loss), self.grads
-
     # ---- decoding ------------------------------------------------------------------------------
     def kv_cache(self, batch, max_len, dtype=None):
         """One :class:`preln.LlamaKVCache` per layer, in a :class:`preln.nn.stack.StackKVCache`."""
@@ -169,25 +133,14 @@ class LlamaLM:
         """The logits of the next n positions given the cache of the ones before (eval mode);
         equal to ``forward`` of the whole sequence at those positions. RoPE has no table to run
         out of: the cache's max_len is the only limit on the length."""
-        tokens_new = self._check_tokens(tokens_new, "tokens_new")
         if not isinstance(kv, StackKVCache) or len(kv.layers) != len(self.layers):
             raise TypeError(f"kv: expected the StackKVCache of lm.kv_cache(batch, max_len); got "
                             f"{type(kv).__name__}")
-        h, _ = embedding_forward(tokens_new, self.own["model.embed_tokens.weight"])   # (B, n, D)
+        h, _ = self.io.embed(self.own, tokens_new, name="tokens_new")                 # (B, n, D)
         for layer, layer_kv in zip(self.layers, kv.layers):
             h = layer.decode(h, layer_kv)
         h, _ = rms_norm_forward(h, self.own["model.norm.weight"], self.config.eps)
-        return linear_forward(h, self.own["lm_head.weight"], None)[0]                 # (B, n, V)
-
-    def _check_tokens(self, tokens, name):
-        tokens = np.asarray(tokens)
-        if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer) or 0 in tokens.shape:
-            raise ValueError(f"{name}: expected a non-empty (B, S) integer array; got shape "
-                             f"{tokens.shape}, dtype {tokens.dtype}")
-        V = self.config.vocab_size
-        if tokens.min() < 0 or tokens.max() >= V:
-            raise ValueError(f"{name}: expected token ids in [0, {V}); got [{tokens.min()}, {tokens.max()}]")
-        return tokens
+        return self.io.logits(self.own, h)[0]                                         # (B, n, V)
 
 
 # ---- training ------------------------------------------------------------------------------------
@@ -228,13 +181,7 @@ def train_lm(model, train_ids, recipe, seed, val_ids=None, eval_every=0, eval_wi
     evaluate(0)
     start, cpu = time.perf_counter(), time.process_time()
     for t in range(1, r["steps"] + 1):
-        tokens, targets = next(it)                                    # (B, S) each
-        loss, grads = model.loss_and_grads(tokens, targets)
-        if not np.isfinite(loss):
-            raise FloatingPointError(f"train_lm: training diverged at step {t} (loss {loss})")
-        clip_grad_norm(grads, r["clip"])
-        opt.step(grads, lr=warmup_lr(t, r["lr"], r["warmup"]))
-        log["train_loss"].append(loss)
+        log["train_loss"].append(train_step(model, next(it), opt, t, r, "train_lm"))   # (B, S) batches
         if eval_every and t % eval_every == 0:
             evaluate(t)
     log["seconds"] = time.perf_counter() - start

@@ -23,12 +23,14 @@ from typing import NamedTuple
 
 import numpy as np
 
+from preln.nn.base import Module
 from preln.nn.config import BlockConfig
 from preln.ops import linear_backward, linear_forward
 from preln.nn.stack import StackKVCache, TransformerStack
+from preln.validation import check_token_ids, nonnegative_int
 
 __all__ = ["TinyLM", "LMConfig", "sample_next", "cross_entropy_forward", "cross_entropy_backward",
-           "embedding_forward", "embedding_backward", "grammar_corpus", "CharVocab", "batches"]
+           "embedding_forward", "embedding_backward", "TokenIO", "LanguageModel", "grammar_corpus", "CharVocab", "batches"]
 
 
 # ---- cross-entropy ---------------------------------------------------------------------------
@@ -85,7 +87,90 @@ def embedding_backward(dout, cache):  # (..., D) -> (V, D)
     return dtable
 
 
+# ---- the embeddings in and the head out, one for every LM ------------------------------------
+class TokenIO(NamedTuple):
+    """Where an LM's tokens come in and its logits go out -- the same checks and the same
+    arithmetic for TinyLM, LlamaLM, the quantised LMs and the paged server. Holds the parameter
+    names, not the arrays: every call reads them from the LM's ``params`` dict as they are.
+
+    h_0 = E_tok[tokens] (+ E_pos[start : start + S] with a position table); logits = h W^T (+ b).
+    ``head`` None: the head is the token embedding (tied weights).
+    """
+
+    vocab_size: int
+    max_len: object = None          # positions the position table holds (None: no table, no limit)
+    tok: str = "tok_emb.weight"
+    pos: object = "pos_emb.weight"  # None: no position embedding (RoPE models)
+    head: object = "head.weight"
+    bias: object = "head.bias"
+
+    @classmethod
+    def of_tiny_lm(cls, config):
+        """TinyLM's: learned positions, an untied head with a bias (or tied, with the bias)."""
+        return cls(config.vocab_size, config.max_len, head=None if config.tie_weights else "head.weight")
+
+    def check(self, tokens, name="tokens", start=0):  # -> (B, S) int
+        """Token ids in [0, V) -- -1 would silently read the last embedding row -- at positions
+        start .. start + S - 1, inside the position table."""
+        tokens = check_token_ids(tokens, self.vocab_size, name)
+        self.check_positions(start, tokens.shape[1], name)
+        return tokens
+
+    def check_positions(self, start, n, name="tokens"):
+        if self.max_len is not None and start + n > self.max_len:
+            if start == 0:
+                raise ValueError(f"{name}: expected at most max_len={self.max_len} positions; got {n}")
+            raise ValueError(f"{name}: positions {start} .. {start + n - 1} would pass the model's "
+                             f"max_len={self.max_len} (its last position embedding is {self.max_len - 1})")
+
+    def head_weight(self, params):
+        return params[self.tok if self.head is None else self.head]
+
+    def embed(self, params, tokens, start=0, name="tokens"):  # (B, S) -> (B, S, D), cache
+        tokens = self.check(tokens, name, start)
+        h, cache = embedding_forward(tokens, params[self.tok])                       # (B, S, D)
+        if self.pos is not None:
+            h = h + params[self.pos][start:start + tokens.shape[1]]                   # positions
+        return h, cache
+
+    def embed_rows(self, params, ids, positions, name="ids"):  # (N,), (N,) -> (N, D)
+        """Rows of several sequences at their own positions (a batch of prefills and decode steps)."""
+        ids = check_token_ids(ids, self.vocab_size, name, ndim=1)
+        h = params[self.tok][ids]
+        if self.pos is not None:
+            self.check_positions(0, int(np.max(positions)) + 1, name)
+            h = h + params[self.pos][positions]
+        return h
+
+    def logits(self, params, h):  # (..., D) -> (..., V), cache
+        return linear_forward(h, self.head_weight(params), None if self.bias is None else params[self.bias])
+
+
 # ---- the model -------------------------------------------------------------------------------
+class LanguageModel(Module):
+    """What every trainable LM shares: the loss and one training step's gradients (with
+    ``forward``, ``backward``, ``params`` and ``grads`` of its own)."""
+
+    @property
+    def training(self):            # the mode is its blocks': one place to hold it
+        return self.children()[0].training
+
+    def _set_mode(self, mode):
+        pass
+
+    def loss(self, tokens, targets):
+        """Mean cross-entropy (nats per token) of predicting ``targets`` (B, S) from ``tokens``."""
+        return float(cross_entropy_forward(self.forward(tokens), targets)[0])
+
+    def loss_and_grads(self, tokens, targets):
+        """Forward, loss, backward: returns (loss, grads) with grads freshly zeroed then filled."""
+        self.zero_grad()
+        logits = self.forward(tokens)                                 # (B, S, V)
+        loss, c_ce = cross_entropy_forward(logits, targets)
+        self.backward(cross_entropy_backward(1.0, c_ce))
+        return float(loss), self.grads
+
+
 class LMConfig(NamedTuple):
     vocab_size: int = 32
     max_len: int = 64
@@ -99,7 +184,7 @@ class LMConfig(NamedTuple):
     init: str = "xavier"           # "xavier" (Xiong et al.) or "torch" for the blocks
 
 
-class TinyLM:
+class TinyLM(LanguageModel):
     """A causal character LM: embeddings, a :class:`TransformerStack`, an LM head.
 
     Parameters (names): ``tok_emb.weight`` (V, D), ``pos_emb.weight`` (S_max, D),
@@ -126,6 +211,7 @@ class TinyLM:
         self.own["head.bias"] = np.zeros(V)
         self.own = {k: v.astype(self.dtype) for k, v in self.own.items()}
         self.own_grads = {k: np.zeros_like(v) for k, v in self.own.items()}
+        self.io = TokenIO.of_tiny_lm(config)
         self._cache = None
 
     @property
@@ -140,40 +226,14 @@ class TinyLM:
         out.update({f"stack.{k}": v for k, v in self.stack.grads.items()})
         return out
 
-    def num_params(self):
-        return int(sum(v.size for v in self.params.values()))
-
-    def zero_grad(self):
-        self.stack.zero_grad()
-        for g in self.own_grads.values():
-            g[...] = 0
-
-    def train(self, mode=True):
-        self.stack.train(mode)
-        return self
-
-    def eval(self):
-        return self.train(False)
-
-    def state_dict(self):
-        return {k: v.copy() for k, v in self.params.items()}
-
-    def _head_weight(self):
-        return self.own["tok_emb.weight"] if self.config.tie_weights else self.own["head.weight"]
+    def children(self):
+        return (self.stack,)
 
     def forward(self, tokens):  # (B, S) int -> logits (B, S, V)
-        tokens = np.asarray(tokens)
-        if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer):
-            raise ValueError(f"tokens: expected a (B, S) integer array; got shape {tokens.shape}, "
-                             f"dtype {tokens.dtype}")
-        B, S = tokens.shape
-        if S > self.config.max_len:
-            raise ValueError(f"tokens: expected at most max_len={self.config.max_len} positions; got {S}")
-        te, c_tok = embedding_forward(tokens, self.own["tok_emb.weight"])           # (B, S, D)
-        h0 = te + self.own["pos_emb.weight"][:S]                                    # (B, S, D)
+        h0, c_tok = self.io.embed(self.own, tokens)                                 # (B, S, D)
         h = self.stack(h0)                                                          # (B, S, D)
-        logits, c_head = linear_forward(h, self._head_weight(), self.own["head.bias"])  # (B, S, V)
-        self._cache = (c_tok, c_head, S)
+        logits, c_head = self.io.logits(self.own, h)                                # (B, S, V)
+        self._cache = (c_tok, c_head, h0.shape[1])
         return logits
 
     __call__ = forward
@@ -206,20 +266,12 @@ class TinyLM:
     def decode(self, tokens_new, kv):  # (B, n) int -> logits (B, n, V)
         """The logits of the next n positions given the cache of the ones before (eval mode);
         equal to ``forward`` of the whole sequence at those positions."""
-        tokens_new = self._check_tokens(tokens_new, "tokens_new")
         if not isinstance(kv, StackKVCache):
             raise TypeError(f"kv: expected a preln.nn.stack.StackKVCache from lm.kv_cache(batch); "
                             f"got {type(kv).__name__}")
-        t0, n = kv.length, tokens_new.shape[1]
-        if t0 + n > self.config.max_len:
-            raise ValueError(f"tokens_new: positions {t0} .. {t0 + n - 1} would pass the model's "
-                             f"max_len={self.config.max_len} (its last position embedding is "
-                             f"{self.config.max_len - 1})")
-        te, _ = embedding_forward(tokens_new, self.own["tok_emb.weight"])          # (B, n, D)
-        h0 = te + self.own["pos_emb.weight"][t0:t0 + n]                             # positions t0 .. t0+n-1
+        h0, _ = self.io.embed(self.own, tokens_new, kv.length, "tokens_new")       # positions t0 .. t0+n-1
         h = self.stack.decode(h0, kv)                                               # (B, n, D)
-        logits, _ = linear_forward(h, self._head_weight(), self.own["head.bias"])   # (B, n, V)
-        return logits
+        return self.io.logits(self.own, h)[0]                                       # (B, n, V)
 
     def generate(self, prompt_ids, n_new, temperature=0.0, seed=None, use_cache=True):
         """Continue ``prompt_ids`` ((S0,) or (B, S0) ints) by ``n_new`` tokens.
@@ -235,9 +287,9 @@ class TinyLM:
         """
         ids = np.asarray(prompt_ids)
         one = ids.ndim == 1
-        ids = self._check_tokens(ids[None] if one else ids, "prompt_ids").astype(np.int64)  # (B, S0)
-        if isinstance(n_new, bool) or not isinstance(n_new, (int, np.integer)) or n_new < 0:
-            raise ValueError(f"n_new: expected an int >= 0; got {n_new!r}")
+        ids = check_token_ids(ids[None] if one else ids, self.config.vocab_size,
+                              "prompt_ids").astype(np.int64)                 # (B, S0)
+        n_new = nonnegative_int(n_new, "n_new")
         if not isinstance(temperature, (int, float, np.floating)) or not temperature >= 0:
             raise ValueError(f"temperature: expected a number >= 0 (0 = greedy); got {temperature!r}")
         B, S0 = ids.shape
@@ -263,27 +315,6 @@ class TinyLM:
             self.train(was_training)
         return out[0] if one else out
 
-    def _check_tokens(self, tokens, name):
-        tokens = np.asarray(tokens)
-        if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer) or 0 in tokens.shape:
-            raise ValueError(f"{name}: expected a non-empty (B, S) integer array; got shape "
-                             f"{tokens.shape}, dtype {tokens.dtype}")
-        V = self.config.vocab_size
-        if tokens.min() < 0 or tokens.max() >= V:
-            raise ValueError(f"{name}: expected token ids in [0, {V}); got [{tokens.min()}, {tokens.max()}]")
-        return tokens
-
-    def loss(self, tokens, targets):
-        """Mean cross-entropy (nats per token) of predicting ``targets`` (B, S) from ``tokens``."""
-        return float(cross_entropy_forward(self.forward(tokens), targets)[0])
-
-    def loss_and_grads(self, tokens, targets):
-        """Forward, loss, backward: returns (loss, grads) with grads freshly zeroed then filled."""
-        self.zero_grad()
-        logits = self.forward(tokens)                                 # (B, S, V)
-        loss, c_ce = cross_entropy_forward(logits, targets)
-        self.backward(cross_entropy_backward(1.0, c_ce))
-        return float(loss), self.grads
 
 
 def sample_next(logits, temperature, rng):  # (B, V) -> (B,) int64

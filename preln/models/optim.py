@@ -15,7 +15,7 @@ Betas default to (0.9, 0.98), Xiong et al.'s setting.
 """
 import numpy as np
 
-__all__ = ["Adam", "warmup_lr", "clip_grad_norm", "global_norm"]
+__all__ = ["Adam", "warmup_lr", "clip_grad_norm", "global_norm", "train_step"]
 
 
 def warmup_lr(t, lr_max, warmup_steps=0, decay="constant"):
@@ -89,3 +89,15 @@ class Adam:
             self.v[k] = b2 * self.v[k] + (1 - b2) * g * g  # v_t
             p -= lr * (self.m[k] / c1) / (np.sqrt(self.v[k] / c2) + self.eps)
         return lr
+
+
+def train_step(model, batch, opt, t, recipe, who):
+    """Step t of the chapters' training recipe -> the loss: gradients of ``batch`` = (tokens,
+    targets), global-norm clipping at ``recipe["clip"]``, an ``opt`` step at the warm-up learning
+    rate. A non-finite loss raises FloatingPointError naming ``who`` and the step."""
+    loss, grads = model.loss_and_grads(*batch)
+    if not np.isfinite(loss):
+        raise FloatingPointError(f"{who}: training diverged at step {t} (loss {loss})")
+    clip_grad_norm(grads, recipe["clip"])
+    opt.step(grads, lr=warmup_lr(t, recipe["lr"], recipe["warmup"]))
+    return loss

@@ -25,8 +25,10 @@ import time
 
 import numpy as np
 
+from preln.validation import nonnegative_int, positive_int
+
 from preln.models.lm import LMConfig, TinyLM, batches, cross_entropy_forward
-from preln.models.optim import Adam, clip_grad_norm, warmup_lr
+from preln.models.optim import Adam, train_step
 from preln.models.corpus import load_corpus
 
 __all__ = ["RECIPE", "reference_lm", "reference_lm_log", "perplexity", "split_ids"]
@@ -58,13 +60,7 @@ def _train(norm_first, seed):
     losses = []
     start = time.perf_counter()
     for t in range(1, r["steps"] + 1):
-        tokens, targets = next(it)                           # (B, S) each
-        loss, grads = lm.loss_and_grads(tokens, targets)
-        if not np.isfinite(loss):
-            raise FloatingPointError(f"reference_lm: training diverged at step {t} (loss {loss})")
-        clip_grad_norm(grads, r["clip"])
-        opt.step(grads, lr=warmup_lr(t, r["lr"], r["warmup"]))
-        losses.append(loss)
+        losses.append(train_step(lm, next(it), opt, t, r, "reference_lm"))   # (B, S) batches
     seconds = time.perf_counter() - start
     D = r["d_model"]
     for layer in lm.stack.layers:
@@ -84,9 +80,7 @@ def _train(norm_first, seed):
 def _get(norm_first, seed):
     if not isinstance(norm_first, (bool, np.bool_)):
         raise TypeError(f"norm_first: expected True (Pre-LN) or False (Post-LN); got {norm_first!r}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed: expected a non-negative int; got {seed!r}")
-    key = (bool(norm_first), int(seed))
+    key = (bool(norm_first), nonnegative_int(seed, "seed"))
     if key not in _MEMO:
         _MEMO[key] = _train(*key)
     return _MEMO[key]
@@ -120,8 +114,7 @@ def perplexity(model, ids, seq_len=64, max_windows=None, batch_size=64):
     ids = np.asarray(ids)
     if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
         raise ValueError(f"ids: expected a 1-D integer array; got shape {ids.shape}, dtype {ids.dtype}")
-    if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
-        raise ValueError(f"seq_len: expected a positive int; got {seq_len!r}")
+    seq_len = positive_int(seq_len, "seq_len")
     n = (ids.size - 1) // seq_len
     if max_windows is not None:
         n = min(n, int(max_windows))

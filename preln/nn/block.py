@@ -37,18 +37,18 @@ from typing import NamedTuple
 
 import numpy as np
 
-from preln.validation import check_float_array, check_input, check_mask, check_same_shape
+from preln.nn.base import BlockBase, KVStore, block_backward, block_cache_type, block_equations
+from preln.validation import check_input, check_mask, positive_int
 from preln.nn.config import BlockConfig
 from preln.ops import (activation_backward, activation_forward, attention_backward, attention_forward,
-                  dropout_backward, dropout_forward, flash_attention_forward, layer_norm_backward,
-                  layer_norm_forward, linear_backward, linear_forward, merge_heads, split_heads)
-from preln.ops.attention import AttentionCache
+                  dropout_backward, dropout_forward, layer_norm_backward, layer_norm_forward,
+                  linear_backward, linear_forward, merge_heads, split_heads)
 from preln.ops.fused import FUSED_DTYPES, add_layer_norm, bias_gelu, bias_residual, gelu_backward
 from preln.ops.fused import layer_norm as fused_layer_norm
-from preln.precision import SAFE, Watch, resolve_dtype, resolve_policy
+from preln.precision import SAFE, Watch
 
 __all__ = ["TransformerBlock", "PreLNTransformerBlock", "KVCache", "param_shapes", "init_params",
-           "default_heads"]
+           "default_heads", "OpByOp", "Fused", "Reference", "LINEAR_PARAMS"]
 
 
 def param_shapes(config):
@@ -104,22 +104,12 @@ class MLPCache(NamedTuple):
     drop_mask: object    # dropout2 mask, (B, S, D) bool or None
 
 
-class BlockCache(NamedTuple):
-    shape: tuple  # (B, S, D) of the input
-    ln1: tuple
-    attn: AttnBlockCache
-    ln2: tuple
-    mlp: MLPCache
-    fused: bool = False  # the forward ran the fused kernels: the backward takes the fused ones too
+#: (shape, ln1, attn, ln2, mlp, fused): the input's (B, S, D), the LayerNorm caches, an
+#: AttnBlockCache, an MLPCache, whether the fused kernels ran
+BlockCache = block_cache_type("BlockCache", "ln1", "ln2")
 
 
-def _positive_int(value, name):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name}: expected a positive int; got {value!r}")
-    return int(value)
-
-
-class KVCache:
+class KVCache(KVStore):
     """The keys and values of one causal attention layer, preallocated for ``max_len`` positions.
 
     k, v:    (B, H, max_len, d_h) arrays in ``dtype``; positions ``0 .. length - 1`` are filled.
@@ -131,49 +121,152 @@ class KVCache:
     Made by :meth:`preln.TransformerBlock.kv_cache`; filled by :meth:`preln.TransformerBlock.decode`.
     """
 
-    def __init__(self, batch, max_len, n_heads, d_head, dtype):
-        self.batch = _positive_int(batch, "batch")
-        self.max_len = _positive_int(max_len, "max_len")
-        self.n_heads, self.d_head = int(n_heads), int(d_head)
-        self.dtype = resolve_dtype(dtype)
-        shape = (self.batch, self.n_heads, self.max_len, self.d_head)   # (B, H, max_len, d_h)
-        self.k = np.zeros(shape, self.dtype)
-        self.v = np.zeros(shape, self.dtype)
-        self.length = 0
-
-    @property
-    def d_model(self):
-        return self.n_heads * self.d_head
-
-    @property
-    def nbytes(self):
-        """Bytes of K and V: 2 * B * max_len * D * itemsize."""
-        return self.k.nbytes + self.v.nbytes
-
-    @property
-    def keys(self):     # (B, H, length, d_h), a view
-        return self.k[:, :, :self.length]
-
-    @property
-    def values(self):   # (B, H, length, d_h), a view
-        return self.v[:, :, :self.length]
-
-    def reset(self):
-        """Forget every position (the memory stays allocated)."""
-        self.length = 0
-        return self
-
     def __repr__(self):
-        return (f"KVCache(batch={self.batch}, max_len={self.max_len}, n_heads={self.n_heads}, "
-                f"d_head={self.d_head}, dtype={self.dtype}, length={self.length}, nbytes={self.nbytes})")
+        return self._repr("n_heads")
 
 
-class TransformerBlock:
+# ---- the parts of block_equations ----------------------------------------------------------------
+_NORMS = {1: "norm1", 2: "norm2"}
+#: the bias of the linear before residual i: a fused kernel adds it together with the residual
+_LAST_BIAS = {1: "self_attn.out_proj.bias", 2: "linear2.bias"}
+
+
+class OpByOp:
+    """A TransformerBlock's parts with every op its own numpy call, each output watched (the
+    overflow tracer names the op); any dtype, policy and dropout."""
+
+    fused = False
+
+    def __init__(self, block, kpm=None, watch=None, kv=None):
+        self.block, self.kpm, self.kv = block, kpm, kv
+        self.watch = Watch() if watch is None else watch
+
+    def norm(self, i, x):
+        return self.block._norm(_NORMS[i], x, self.watch)
+
+    def attention(self, h):
+        return self.block._attention(h, self.kpm, self.watch, self.kv)
+
+    def mlp(self, h):
+        return self.block._mlp(h, self.watch)
+
+    def add(self, i, x, a):
+        return self.watch(f"residual{i}", x + a, x, a)
+
+    def add_norm(self, i, x, a, j):
+        r = self.add(i, x, a)
+        h, cache = self.norm(j, r)
+        return r, h, cache
+
+    # the backward's parts
+    def norm_backward(self, i, dh, cache, dres):
+        dx = self.block._norm_backward(_NORMS[i], dh, cache)
+        return dx if dres is None else dres + dx
+
+    def attention_backward(self, da, cache):
+        return self.block._attention_backward(da, cache, self.fused)
+
+    def mlp_backward(self, dm, cache):
+        return self.block._mlp_backward(dm, cache, self.fused)
+
+
+class Fused(OpByOp):
+    """The parts with every memory-bound chain one kernel of :mod:`preln.ops.fused`: the residual
+    add with the LayerNorm after it and the bias of the linear before it, bias + GELU, the softmax,
+    the last bias with the residual add. Attention and MLP leave their last bias to add / add_norm."""
+
+    fused = True
+
+    def norm(self, i, x):
+        p = self.block.params
+        return fused_layer_norm(x, p[f"{_NORMS[i]}.weight"], p[f"{_NORMS[i]}.bias"], self.block.config.eps)
+
+    def attention(self, h):                                   # Attn(h) - b_out
+        return self.block._attention(h, self.kpm, self.watch, self.kv, fused=True)
+
+    def mlp(self, h):                                         # MLP(h) - b2
+        return self.block._mlp_fused(h, keep=self.kv is None)
+
+    def add(self, i, x, a0):                                  # x + a0 + b, one pass
+        return bias_residual(x, a0, self.block.params[_LAST_BIAS[i]])
+
+    def add_norm(self, i, x, a0, j):                          # r = x + a0 + b, N_j(r), one pass
+        p = self.block.params
+        return add_layer_norm(x, a0, p[_LAST_BIAS[i]], p[f"{_NORMS[j]}.weight"],
+                              p[f"{_NORMS[j]}.bias"], self.block.config.eps)
+
+
+class Reference:
+    """The eval-mode block on its parameters alone, op by op, with two parts of its own: the linear
+    layers, ``linear(name, h (N, in)) -> (N, out)`` for name in in_proj, out_proj, linear1, linear2
+    (quantised ones, say; None: h W^T + b), and the attention core, ``attend(q, k, v) -> o``, each
+    (..., D) (a paged KV store, say; None: causal or bidirectional attention over the S axis, with
+    ``key_padding_mask``). ``record``: a dict that receives the named intermediates (ln1, in_proj,
+    attn, out_proj, residual1, ln2, linear1, act, linear2)."""
+
+    def __init__(self, params, config, linear=None, attend=None, record=None, key_padding_mask=None):
+        self.p, self.config = params, config
+        self.linear = self._linear if linear is None else linear
+        self.attend = self._attend if attend is None else attend
+        self.rec = {} if record is None else record
+        self.kpm = key_padding_mask
+
+    def _linear(self, name, h):
+        w, b = LINEAR_PARAMS[name]
+        return h @ self.p[w].T + self.p[b]
+
+    def _attend(self, q, k, v):  # (B, S, D) each -> (B, S, D)
+        cfg = self.config
+        q, k, v = (split_heads(t, cfg.n_heads) for t in (q, k, v))      # (B, H, S, d_h)
+        return merge_heads(attention_forward(q, k, v, self.kpm, cfg.causal)[0])
+
+    def lin(self, name, h):  # (..., in) -> (..., out), in h's dtype
+        out = np.asarray(self.linear(name, h.reshape(-1, h.shape[-1])), dtype=h.dtype)
+        out = out.reshape(*h.shape[:-1], -1)
+        self.rec[name] = out
+        return out
+
+    def norm(self, i, x):
+        p, name = self.p, _NORMS[i]
+        out = layer_norm_forward(x, p[f"{name}.weight"], p[f"{name}.bias"], self.config.eps)[0]
+        self.rec[f"ln{i}"] = out
+        return out, None
+
+    def attention(self, h):
+        q, k, v = np.split(self.lin("in_proj", h), 3, axis=-1)           # (..., D) each
+        o = self.attend(q, k, v)                                         # (..., D)
+        self.rec["attn"] = o
+        return self.lin("out_proj", o), None
+
+    def mlp(self, h):
+        g = activation_forward(self.lin("linear1", h), self.config.activation)[0]   # (..., F)
+        self.rec["act"] = g
+        return self.lin("linear2", g), None
+
+    def add(self, i, x, a):
+        return x + a
+
+    def add_norm(self, i, x, a, j):
+        r = x + a
+        if i == 1:
+            self.rec["residual1"] = r
+        return (r, *self.norm(j, r))
+
+
+#: the block's four linear layers: name -> (weight, bias) parameter names
+LINEAR_PARAMS = {"in_proj": ("self_attn.in_proj_weight", "self_attn.in_proj_bias"),
+                 "out_proj": ("self_attn.out_proj.weight", "self_attn.out_proj.bias"),
+                 "linear1": ("linear1.weight", "linear1.bias"),
+                 "linear2": ("linear2.weight", "linear2.bias")}
+
+
+class TransformerBlock(BlockBase):
     """One Pre-LN or Post-LN encoder block with PyTorch's ``nn.TransformerEncoderLayer`` parameters
     and semantics (https://pytorch.org/docs/stable/generated/torch.nn.TransformerEncoderLayer.html);
     the hyper-parameters are a :class:`preln.BlockConfig`.
 
-    dtype: float64 | float32 | float16 | bfloat16 -- parameters and activations are stored in it.
+    dtype: float64 | float32 | float16 | bfloat16 -- parameters and activations are stored in it
+        (None: float32).
     seed: seeds the ``np.random.Generator`` (``block.rng``) used for initialisation and dropout.
     policy: "safe" | "naive" | a :class:`preln.Policy` -- where 16-bit arithmetic happens.
     check_finite: raise FloatingPointError naming the first op whose output is not finite.
@@ -183,91 +276,9 @@ class TransformerBlock:
         as a separate numpy call.
     """
 
-    def __init__(self, config, dtype=np.float32, seed=0, policy="safe", check_finite=False,
-                 trace=False, attention="auto", fused=True):
-        if not isinstance(config, BlockConfig):
-            raise TypeError(f"config: expected a preln.BlockConfig; got {type(config).__name__}")
-        if attention not in ("auto", "plain", "tiled"):
-            raise ValueError(f"attention: expected 'auto', 'plain' or 'tiled'; got {attention!r}")
-        self.config = config
-        self.dtype = resolve_dtype(dtype)
-        self.policy = resolve_policy(policy)
-        self.check_finite = bool(check_finite)
-        self.trace = bool(trace)
-        self.attention = attention
-        if not isinstance(fused, bool):
-            raise TypeError(f"fused: expected True or False; got {fused!r}")
-        self.fused = fused
-        self.rng = np.random.default_rng(seed)
-        self.params = init_params(config, self.rng, self.dtype)
-        self.grads = {k: np.zeros_like(v) for k, v in self.params.items()}
-        self.training = True          # as a fresh torch.nn.Module
-        self.overflow = None          # set by forward when trace or check_finite is on
-        self._cache = None
-
-    # ---- mode, gradients, state ----------------------------------------------------------------
-    def train(self, mode=True):
-        self.training = bool(mode)
-        return self
-
-    def eval(self):
-        return self.train(False)
-
-    def zero_grad(self):
-        for g in self.grads.values():
-            g[...] = 0
-
-    def state_dict(self):
-        """A copy of the 12 parameters, keyed and shaped as nn.TransformerEncoderLayer's."""
-        return {k: v.copy() for k, v in self.params.items()}
-
-    def load_state_dict(self, state_dict):
-        """Load parameters (numpy arrays or torch tensors); strict: every key, no extra, exact shapes."""
-        if not isinstance(state_dict, dict):
-            raise TypeError(f"state_dict: expected a dict of arrays; got {type(state_dict).__name__}")
-        shapes = param_shapes(self.config)
-        missing = [k for k in shapes if k not in state_dict]
-        extra = [k for k in state_dict if k not in shapes]
-        if missing:
-            raise KeyError(f"state_dict: missing key {missing[0]!r} (missing: {missing}); "
-                           f"expected the keys {list(shapes)}")
-        if extra:
-            raise KeyError(f"state_dict: unexpected key {extra[0]!r} (extra: {extra}); "
-                           f"expected the keys {list(shapes)}")
-        new = {}
-        for k, shape in shapes.items():
-            a = check_float_array(state_dict[k], f"state_dict[{k!r}]")
-            if a.shape != shape:
-                raise ValueError(f"state_dict[{k!r}]: expected shape {shape}; got {a.shape}")
-            new[k] = a.astype(self.dtype, copy=True)
-        self.params = new
-        self.grads = {k: np.zeros_like(v) for k, v in new.items()}
-
-    @property
-    def cache(self):
-        """What the last forward kept for the backward: a :class:`BlockCache` of NamedTuples named
-        after the forward's variables (``cache.ln2.x`` is the input of norm2, ``cache.attn.sdpa.p``
-        the attention probabilities), or None. For reading: the backward uses it as it is."""
-        return self._cache
-
-    def cache_nbytes(self):
-        """Bytes the last forward keeps for the backward (activations only, parameters excluded)."""
-        if self._cache is None:
-            return 0
-        param_ids = {id(p) for p in self.params.values()}
-        seen, total = set(), 0
-        stack = [self._cache]
-        while stack:
-            item = stack.pop()
-            if isinstance(item, tuple):
-                stack.extend(item)
-            elif isinstance(item, np.ndarray):
-                while item.base is not None and isinstance(item.base, np.ndarray):
-                    item = item.base   # views (q, k, v of qkv) share their base's memory
-                if id(item) not in seen and id(item) not in param_ids:
-                    seen.add(id(item))
-                    total += item.nbytes
-        return total
+    config_type, kv_type, default_dtype = BlockConfig, KVCache, np.float32
+    shapes_of, init_of = staticmethod(param_shapes), staticmethod(init_params)
+    kv_heads = ("n_heads", "H")
 
     # ---- forward ---------------------------------------------------------------------------------
     def __call__(self, x, key_padding_mask=None):
@@ -278,57 +289,26 @@ class TransformerBlock:
         self._cache = None                                        # a forward that raises leaves no cache
         x = check_input(x, self.config.d_model, self.dtype)      # (B, S, D)
         kpm = check_mask(key_padding_mask, x.shape)
-        watch = Watch(enabled=self.trace, raise_error=self.check_finite)
+        watch = self._watch()
         with np.errstate(all="ignore"):   # non-finite values are the Watch's to report
-            y, cache = self._layers_fused(x, kpm) if self.fuses() else self._layers(x, kpm, watch)
+            y, cache = self._layers(x, kpm, watch)
         self.overflow = watch.first
         self._cache = cache
         return y
 
     def _layers(self, x, kpm, watch, kv=None):  # (B, S, D) -> (B, S, D), BlockCache
-        """The block's equations; with ``kv`` the attention reads and extends a KV cache."""
-        if self.config.norm_first:                                # Pre-LN
-            h1, ln1 = self._norm("norm1", x, watch)               # h1 = LN1(x)
-            a, attn = self._attention(h1, kpm, watch, kv)         # a  = Attn(h1)
-            x1 = watch("residual1", x + a, x, a)                  # x1 = x + a
-            h2, ln2 = self._norm("norm2", x1, watch)              # h2 = LN2(x1)
-            m, mlp = self._mlp(h2, watch)                         # m  = MLP(h2)
-            y = watch("residual2", x1 + m, x1, m)                 # y  = x1 + m
-        else:                                                     # Post-LN
-            a, attn = self._attention(x, kpm, watch, kv)          # a  = Attn(x)
-            r1 = watch("residual1", x + a, x, a)                  # r1 = x + a
-            x1, ln1 = self._norm("norm1", r1, watch)              # x1 = LN1(r1)
-            m, mlp = self._mlp(x1, watch)                         # m  = MLP(x1)
-            r2 = watch("residual2", x1 + m, x1, m)                # r2 = x1 + m
-            y, ln2 = self._norm("norm2", r2, watch)               # y  = LN2(r2)
-        return y, BlockCache(x.shape, ln1, attn, ln2, mlp)
+        """The block's equations over the fused or the op-by-op parts; with ``kv`` the attention
+        reads and extends a KV cache."""
+        fused = self.fuses()
+        parts = (Fused if fused else OpByOp)(self, kpm, watch, kv)
+        y, caches = block_equations(x, parts, self.config.norm_first)
+        return y, BlockCache(x.shape, *caches, fused=fused)
 
     def fuses(self):
         """Whether the next forward (or decode) runs the fused kernels: ``fused`` is on, the dtype
         is float32 or float64, the policy is the safe one, no tracer, no dropout in this mode."""
         return (self.fused and self.dtype in FUSED_DTYPES and self.policy == SAFE
                 and not (self.trace or self.check_finite) and self._drop_p() == 0)
-
-    def _layers_fused(self, x, kpm, kv=None):  # (B, S, D) -> (B, S, D), BlockCache
-        """The equations of ``_layers``, with every memory-bound chain one fused kernel. The
-        attention's and the MLP's last linears leave their bias out (a0, m0): the kernel after
-        them adds it, with the residual."""
-        p, eps = self.params, self.config.eps
-        if self.config.norm_first:                                # Pre-LN
-            h1, ln1 = fused_layer_norm(x, p["norm1.weight"], p["norm1.bias"], eps)   # h1 = LN1(x)
-            a0, attn = self._attention(h1, kpm, Watch(), kv, fused=True)            # a0 = Attn(h1) - b_out
-            x1, h2, ln2 = add_layer_norm(x, a0, p["self_attn.out_proj.bias"],       # x1 = x + a
-                                         p["norm2.weight"], p["norm2.bias"], eps)   # h2 = LN2(x1)
-            m0, mlp = self._mlp_fused(h2, keep=kv is None)                          # m0 = MLP(h2) - b2
-            y = bias_residual(x1, m0, p["linear2.bias"])                            # y  = x1 + m
-        else:                                                     # Post-LN
-            a0, attn = self._attention(x, kpm, Watch(), kv, fused=True)             # a0 = Attn(x) - b_out
-            _, x1, ln1 = add_layer_norm(x, a0, p["self_attn.out_proj.bias"],        # x1 = LN1(x + a)
-                                        p["norm1.weight"], p["norm1.bias"], eps)
-            m0, mlp = self._mlp_fused(x1, keep=kv is None)                          # m0 = MLP(x1) - b2
-            _, y, ln2 = add_layer_norm(x1, m0, p["linear2.bias"],                   # y = LN2(x1 + m)
-                                       p["norm2.weight"], p["norm2.bias"], eps)
-        return y, BlockCache(x.shape, ln1, attn, ln2, mlp, fused=True)
 
     def _mlp_fused(self, h, keep):  # (B, S, D) -> (B, S, D) without linear2's bias
         p, cfg, pol = self.params, self.config, self.policy
@@ -342,16 +322,6 @@ class TransformerBlock:
         return m0, MLPCache(c1, c_act, None, c2, None)
 
     # ---- decoding with a KV cache ----------------------------------------------------------------
-    def kv_cache(self, batch, max_len, dtype=None):
-        """A fresh :class:`preln.nn.block.KVCache` for ``batch`` sequences of up to ``max_len`` positions.
-
-        dtype: the cache's storage dtype; None means the block's. Another dtype (a float16 cache for
-        a float32 block, say) halves the memory and rounds every key and value once.
-        """
-        self._check_causal("kv_cache")
-        dtype = self.dtype if dtype is None else resolve_dtype(dtype)
-        return KVCache(batch, max_len, self.config.n_heads, self.config.d_head, dtype)
-
     def decode(self, x_new, kv):
         """Run the block on the next n positions of B sequences, given a
         :class:`preln.nn.block.KVCache` of the positions before them; x_new: (B, n, D), n >= 1 ->
@@ -363,34 +333,12 @@ class TransformerBlock:
         last ``forward``.
         """
         x = self._check_decode(x_new, kv)                         # (B, n, D)
-        watch = Watch(enabled=self.trace, raise_error=self.check_finite)
+        watch = self._watch()
         with np.errstate(all="ignore"):
-            y, _ = self._layers_fused(x, None, kv) if self.fuses() else self._layers(x, None, watch, kv)
+            y, _ = self._layers(x, None, watch, kv)
         self.overflow = watch.first
         kv.length += x.shape[1]                                   # only once the step has succeeded
         return y
-
-    def _check_decode(self, x_new, kv):  # -> x_new as (B, n, D) in the block's dtype
-        self._check_causal("decode")
-        if self.training:
-            raise RuntimeError("decode: the block is in training mode; decoding is inference -- "
-                               "call block.eval() first (dropout would differ from call to call)")
-        if not isinstance(kv, KVCache):
-            raise TypeError(f"kv: expected a preln.nn.block.KVCache from block.kv_cache(batch, max_len); "
-                            f"got {type(kv).__name__}")
-        cfg = self.config
-        if (kv.n_heads, kv.d_head) != (cfg.n_heads, cfg.d_head):
-            raise ValueError(f"kv: expected a cache of H = {cfg.n_heads} heads of d_h = {cfg.d_head} "
-                             f"(D = {cfg.d_model}); got H = {kv.n_heads}, d_h = {kv.d_head} "
-                             f"(D = {kv.d_model})")
-        x = check_input(x_new, cfg.d_model, self.dtype, "x_new")   # (B, n, D)
-        B, n, _ = x.shape
-        if B != kv.batch:
-            raise ValueError(f"x_new: expected batch B = {kv.batch} (the cache's); got shape {x.shape}")
-        if kv.length + n > kv.max_len:
-            raise ValueError(f"kv: the cache is full: it holds {kv.length} of max_len = {kv.max_len} "
-                             f"positions and x_new brings {n} more; make a cache with a larger max_len")
-        return x
 
     def _check_causal(self, name):
         if not self.config.causal:
@@ -414,20 +362,7 @@ class TransformerBlock:
         qkv, c_in = linear_forward(h, p["self_attn.in_proj_weight"], p["self_attn.in_proj_bias"], pol)
         watch("attn.in_proj", qkv, h)                             # (B, S, 3D)
         q, k, v = (split_heads(t, cfg.n_heads) for t in np.split(qkv, 3, axis=-1))  # 3 x (B, H, S, d_h)
-        tiled = self.attention == "tiled" or (self.attention == "auto" and not self.training)
-        if kv is not None:   # decode: the n new keys and values join the cache; the queries read it all
-            t0, t1 = kv.length, kv.length + q.shape[2]
-            kv.k[:, :, t0:t1] = k                                 # (B, H, n, d_h) into (B, H, max_len, d_h)
-            kv.v[:, :, t0:t1] = v
-            o = flash_attention_forward(q, kv.k[:, :, :t1], kv.v[:, :, :t1], None, True, pol,
-                                        watch.scope("attn"), q_offset=t0)   # (B, H, n, d_h)
-            c_sdpa = None
-        elif tiled:   # never holds the (B, H, S, S) scores; the backward recomputes P
-            o = flash_attention_forward(q, k, v, kpm, cfg.causal, pol, watch.scope("attn"))
-            c_sdpa = AttentionCache(q, k, v, None, None, 0.0, kpm, cfg.causal, pol)
-        else:
-            o, c_sdpa = attention_forward(q, k, v, kpm, cfg.causal, self._drop_p(), self.rng, pol,
-                                          watch.scope("attn"), fused=fused)
+        o, c_sdpa = self._sdpa(q, k, v, kpm, cfg.causal, watch, kv, fused, self._drop_p(), self.rng)
         o = merge_heads(o)                                        # (B, S, D)
         b_out = None if fused else p["self_attn.out_proj.bias"]
         a, c_out = linear_forward(o, p["self_attn.out_proj.weight"], b_out, pol)
@@ -450,26 +385,10 @@ class TransformerBlock:
     # ---- backward: the forward read from the bottom up -----------------------------------------
     def backward(self, dy):
         """dy = dL/dy, (B, S, D) -> dL/dx, (B, S, D); adds dL/dparam into ``self.grads``."""
-        if self._cache is None:
-            raise RuntimeError("backward: no forward to differentiate; call block(x) first "
-                               "(a forward that raised leaves nothing to differentiate)")
-        c = self._cache
-        dy = check_same_shape(dy, c.shape, "dy").astype(self.dtype, copy=False)
+        c, dy = self._backward_input(dy)
+        parts = (Fused if c.fused else OpByOp)(self)
         with np.errstate(all="ignore"):
-            if self.config.norm_first:                            # Pre-LN
-                dx1 = dy + self._norm_backward("norm2",           # y = x1 + MLP(LN2(x1))
-                                               self._mlp_backward(dy, c.mlp, c.fused), c.ln2)
-                dx = dx1 + self._norm_backward("norm1",           # x1 = x + Attn(LN1(x))
-                                               self._attention_backward(dx1, c.attn, c.fused), c.ln1)
-            else:                                                 # Post-LN
-                dr2 = self._norm_backward("norm2", dy, c.ln2)     # y = LN2(r2)
-                dx1 = dr2 + self._mlp_backward(dr2, c.mlp, c.fused)        # r2 = x1 + MLP(x1)
-                dr1 = self._norm_backward("norm1", dx1, c.ln1)    # x1 = LN1(r1)
-                dx = dr1 + self._attention_backward(dr1, c.attn, c.fused)  # r1 = x + Attn(x)
-        return dx
-
-    def _accumulate(self, name, grad):
-        self.grads[name] += grad   # gradients add up over backward calls, as in PyTorch
+            return block_backward(dy, c, parts, self.config.norm_first)
 
     def _norm_backward(self, name, dy, cache):
         dx, dgamma, dbeta = layer_norm_backward(dy, cache, self.policy)
@@ -525,8 +444,7 @@ class PreLNTransformerBlock(TransformerBlock):
     """
 
     def __init__(self, d_model=64, n_heads=None, d_ff=None, dtype=np.float64, seed=0, **config):
-        if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
-            raise ValueError(f"d_model: expected a positive int; got {d_model!r}")
+        d_model = positive_int(d_model, "d_model")
         cfg = BlockConfig(d_model=d_model, n_heads=n_heads or default_heads(d_model),
                           d_ff=d_ff or 4 * d_model, norm_first=True, **config)
         super().__init__(cfg, dtype=dtype, seed=seed)

@@ -2,6 +2,7 @@
 from dataclasses import dataclass
 
 from preln.ops.activations import ACTIVATIONS
+from preln.validation import check_bool, check_choice, positive_float, positive_int
 
 
 @dataclass(frozen=True)
@@ -30,20 +31,15 @@ class BlockConfig:
 
     def __post_init__(self):
         for name in ("d_model", "n_heads", "d_ff"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: expected a positive int; got {value!r}")
+            object.__setattr__(self, name, positive_int(getattr(self, name), name))   # numpy ints -> int
         if self.d_model % self.n_heads:
             raise ValueError(f"n_heads: expected a divisor of d_model={self.d_model}; got {self.n_heads}")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation: expected one of {ACTIVATIONS}; got {self.activation!r}")
+        check_choice(self.activation, ACTIVATIONS, "activation")
         if not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout: expected a probability in [0, 1); got {self.dropout!r}")
-        if not isinstance(self.eps, (int, float)) or not self.eps > 0:
-            raise ValueError(f"eps: expected a positive float; got {self.eps!r}")
+        positive_float(self.eps, "eps")
         for name in ("norm_first", "causal"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name}: expected a bool; got {getattr(self, name)!r}")
+            check_bool(getattr(self, name), name)
 
     @property
     def d_head(self):

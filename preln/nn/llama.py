@@ -39,19 +39,19 @@ from typing import NamedTuple
 
 import numpy as np
 
-from preln.nn.block import KVCache
-from preln.validation import check_float_array, check_input, check_mask, check_same_shape
+from preln.nn.base import BlockBase, KVStore, block_backward, block_cache_type, block_equations
+from preln.validation import check_input, check_mask, positive_float, positive_int
 from preln.ops.fused import llama as fused_llama
-from preln.ops.attention import (AttentionCache, attention_backward, attention_forward,
-                            flash_attention_forward, merge_heads, split_heads)
+from preln.ops.attention import AttentionCache, attention_backward, merge_heads, split_heads
 from preln.ops.fused import FUSED_DTYPES
 from preln.ops.linear import LinearCache, linear_backward, linear_forward
-from preln.ops.rms_norm import RMSNormCache, rms_norm_backward, rms_norm_forward
+from preln.ops.rms_norm import rms_norm_backward, rms_norm_forward
 from preln.ops.rope import ROPE_THETA, RopeCache, check_positions, rope_backward, rope_cos_sin, rope_forward
 from preln.ops.swiglu import SwiGLUCache, swiglu_backward, swiglu_forward
-from preln.precision import SAFE, Watch, elementwise_dtype, resolve_dtype, resolve_policy
+from preln.precision import SAFE, Watch, elementwise_dtype
 
-__all__ = ["LlamaConfig", "LlamaBlock", "LlamaKVCache", "llama_param_shapes", "INIT_STD"]
+__all__ = ["LlamaConfig", "LlamaBlock", "LlamaKVCache", "LlamaOpByOp", "LlamaFused", "llama_param_shapes",
+           "INIT_STD"]
 
 #: transformers' ``LlamaConfig.initializer_range``: the std of every initial weight
 INIT_STD = 0.02
@@ -84,9 +84,7 @@ class LlamaConfig:
 
     def __post_init__(self):
         for name in ("d_model", "n_heads", "n_kv_heads", "d_ff"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"{name}: expected a positive int; got {value!r}")
+            object.__setattr__(self, name, positive_int(getattr(self, name), name))   # numpy ints -> int
         if self.d_model % self.n_heads:
             raise ValueError(f"n_heads: expected a divisor of d_model={self.d_model}; got {self.n_heads}")
         if self.n_heads % self.n_kv_heads:
@@ -99,8 +97,7 @@ class LlamaConfig:
         theta = self.rope_theta
         if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 1:
             raise ValueError(f"rope_theta: expected a base > 1 (10000 in Llama 2); got {theta!r}")
-        if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float)) or not self.eps > 0:
-            raise ValueError(f"eps: expected a positive float; got {self.eps!r}")
+        positive_float(self.eps, "eps")
 
     @property
     def d_head(self):
@@ -148,23 +145,20 @@ class LlamaAttnCache(NamedTuple):
     o_proj: LinearCache   # a = o W_o^T
 
 
-class LlamaBlockCache(NamedTuple):
-    shape: tuple          # (B, S, D) of the input
-    norm1: RMSNormCache
-    attn: LlamaAttnCache
-    norm2: RMSNormCache
-    mlp: SwiGLUCache
-    fused: bool = False   # the forward ran the fused kernels: the backward takes the fused ones too
+#: (shape, norm1, attn, norm2, mlp, fused): the input's (B, S, D), two RMSNormCaches, a
+#: LlamaAttnCache, a SwiGLUCache, whether the fused kernels ran
+LlamaBlockCache = block_cache_type("LlamaBlockCache", "norm1", "norm2")
 
 
-class LlamaKVCache(KVCache):
+class LlamaKVCache(KVStore):
     """The rotated keys and the values of one Llama block's H_kv key/value heads.
 
     k, v:   (B, H_kv, max_len, d_h); positions ``0 .. length - 1`` are filled.
     nbytes: 2 * B * max_len * H_kv * d_h * itemsize -- G = H / H_kv times less than a multi-head
             cache of the same width.
 
-    Made by :meth:`LlamaBlock.kv_cache`, filled by :meth:`LlamaBlock.decode`.
+    Made by :meth:`LlamaBlock.kv_cache`, filled by :meth:`LlamaBlock.decode`. Not a
+    :class:`preln.nn.block.KVCache`: a TransformerBlock refuses it.
     """
 
     @property
@@ -172,15 +166,98 @@ class LlamaKVCache(KVCache):
         return self.n_heads
 
     def __repr__(self):
-        return (f"LlamaKVCache(batch={self.batch}, max_len={self.max_len}, n_kv_heads={self.n_heads}, "
-                f"d_head={self.d_head}, dtype={self.dtype}, length={self.length}, nbytes={self.nbytes})")
+        return self._repr("n_kv_heads")
 
 
-class LlamaBlock:
+# ---- the parts of block_equations ----------------------------------------------------------------
+_NORMS = {1: "input_layernorm", 2: "post_attention_layernorm"}
+
+
+class LlamaOpByOp:
+    """A LlamaBlock's parts with every op its own numpy call, each output watched."""
+
+    fused = False
+
+    def __init__(self, block, kpm=None, cos_sin=None, watch=None, kv=None):
+        self.block, self.kpm, self.cos_sin, self.kv = block, kpm, cos_sin, kv
+        self.watch = Watch() if watch is None else watch
+
+    def norm(self, i, x):
+        b = self.block
+        return rms_norm_forward(x, b.params[f"{_NORMS[i]}.weight"], b.config.eps, b.policy,
+                                self.watch.scope(_NORMS[i]))
+
+    def attention(self, h):
+        return self.block._attention(h, self.kpm, self.cos_sin, self.watch, self.kv, fused=self.fused)
+
+    def mlp(self, h):
+        p = self.block.params
+        return swiglu_forward(h, p["mlp.gate_proj.weight"], p["mlp.up_proj.weight"],
+                              p["mlp.down_proj.weight"], self.block.policy, self.watch.scope("mlp"))
+
+    def add(self, i, x, a):
+        return self.watch(f"residual{i}", x + a, x, a)
+
+    def add_norm(self, i, x, a, j):
+        r = self.add(i, x, a)
+        return (r, *self.norm(j, r))
+
+    # the backward's parts
+    def norm_backward(self, i, dh, cache, dres):
+        dx, dgamma = rms_norm_backward(dh, cache, self.block.policy)
+        dx += dres                                                # x feeds the residual too
+        self.block._accumulate(f"{_NORMS[i]}.weight", dgamma)
+        return dx
+
+    def attention_backward(self, da, cache):
+        return self.block._attention_backward(da, cache, self.fused)
+
+    def mlp_backward(self, dm, cache):
+        dh, dw_gate, dw_up, dw_down = swiglu_backward(dm, cache, self.block.policy)
+        return self.block._accumulate_mlp(dh, dw_gate, dw_up, dw_down)
+
+
+class LlamaFused(LlamaOpByOp):
+    """The parts with RMSNorm (with the residual add before it), RoPE (with the head transpose),
+    the softmax and the SwiGLU gate one kernel each (:mod:`preln.ops.fused.llama`)."""
+
+    fused = True
+
+    def norm(self, i, x):
+        b = self.block
+        return fused_llama.rms_norm(x, b.params[f"{_NORMS[i]}.weight"], b.config.eps)
+
+    def mlp(self, h):
+        return self.block._mlp_fused(h, keep=self.kv is None)
+
+    def add(self, i, x, m):
+        return np.add(x, m, out=m)                                # m is the MLP's own output
+
+    def add_norm(self, i, x, a, j):
+        b = self.block
+        return fused_llama.add_rms_norm(x, a, b.params[f"{_NORMS[j]}.weight"], b.config.eps)
+
+    def norm_backward(self, i, dh, cache, dres):
+        dx, dgamma = fused_llama.rms_norm_backward(dh, cache, dres)   # the residual's, added
+        self.block._accumulate(f"{_NORMS[i]}.weight", dgamma)
+        return dx
+
+    def mlp_backward(self, dm, c):
+        pol = self.block.policy
+        dg, dw_down, _ = linear_backward(dm, c.down, pol)                    # m = g W_down^T
+        da, db = fused_llama.silu_mul_backward(dg, c.a, c.b)                 # g = SiLU(a) b
+        dh, dw_gate, _ = linear_backward(da, c.gate, pol)                    # a = h W_gate^T
+        dh_up, dw_up, _ = linear_backward(db, c.up, pol)                     # b = h W_up^T
+        dh += dh_up
+        return self.block._accumulate_mlp(dh, dw_gate, dw_up, dw_down)
+
+
+class LlamaBlock(BlockBase):
     """One Llama decoder block with transformers' ``LlamaDecoderLayer`` parameters and semantics;
     the hyper-parameters are a :class:`preln.LlamaConfig`.
 
-    dtype: float64 | float32 | float16 | bfloat16 -- parameters and activations are stored in it.
+    dtype: float64 | float32 | float16 | bfloat16 -- parameters and activations are stored in it
+        (None: float64).
     seed: seeds the ``np.random.Generator`` (``block.rng``) of the initialisation.
     policy: "safe" | "naive" | a :class:`preln.Policy` -- where 16-bit arithmetic happens.
     check_finite: raise FloatingPointError naming the first op whose output is not finite.
@@ -193,90 +270,9 @@ class LlamaBlock:
     attention (the backward then recomputes P) and is the mode ``decode`` requires.
     """
 
-    def __init__(self, config, dtype=np.float64, seed=0, policy="safe", check_finite=False,
-                 trace=False, attention="auto", fused=True):
-        if not isinstance(config, LlamaConfig):
-            raise TypeError(f"config: expected a preln.LlamaConfig; got {type(config).__name__}")
-        if attention not in ("auto", "plain", "tiled"):
-            raise ValueError(f"attention: expected 'auto', 'plain' or 'tiled'; got {attention!r}")
-        if not isinstance(fused, bool):
-            raise TypeError(f"fused: expected True or False; got {fused!r}")
-        self.config = config
-        self.dtype = resolve_dtype(dtype)
-        self.policy = resolve_policy(policy)
-        self.check_finite = bool(check_finite)
-        self.trace = bool(trace)
-        self.attention = attention
-        self.fused = fused
-        self.rng = np.random.default_rng(seed)
-        self.params = init_params(config, self.rng, self.dtype)
-        self.grads = {k: np.zeros_like(v) for k, v in self.params.items()}
-        self.training = True          # as a fresh torch.nn.Module
-        self.overflow = None
-        self._cache = None
-
-    # ---- mode, gradients, state ----------------------------------------------------------------
-    def train(self, mode=True):
-        self.training = bool(mode)
-        return self
-
-    def eval(self):
-        return self.train(False)
-
-    def zero_grad(self):
-        for g in self.grads.values():
-            g[...] = 0
-
-    def state_dict(self):
-        """A copy of the 9 parameters, keyed and shaped as transformers' LlamaDecoderLayer's."""
-        return {k: v.copy() for k, v in self.params.items()}
-
-    def load_state_dict(self, state_dict):
-        """Load parameters (numpy arrays or torch tensors); strict: every key, no extra, exact shapes."""
-        if not isinstance(state_dict, dict):
-            raise TypeError(f"state_dict: expected a dict of arrays; got {type(state_dict).__name__}")
-        shapes = llama_param_shapes(self.config)
-        missing = [k for k in shapes if k not in state_dict]
-        extra = [k for k in state_dict if k not in shapes]
-        if missing:
-            raise KeyError(f"state_dict: missing key {missing[0]!r} (missing: {missing}); "
-                           f"expected the keys {list(shapes)}")
-        if extra:
-            raise KeyError(f"state_dict: unexpected key {extra[0]!r} (extra: {extra}); "
-                           f"expected the keys {list(shapes)}")
-        new = {}
-        for k, shape in shapes.items():
-            a = check_float_array(state_dict[k], f"state_dict[{k!r}]")
-            if a.shape != shape:
-                raise ValueError(f"state_dict[{k!r}]: expected shape {shape}; got {a.shape}")
-            new[k] = a.astype(self.dtype, copy=True)
-        self.params = new
-        self.grads = {k: np.zeros_like(v) for k, v in new.items()}
-
-    @property
-    def cache(self):
-        """What the last forward kept for the backward: a :class:`LlamaBlockCache` of NamedTuples
-        named after the forward's variables (``cache.mlp.a`` is the gate's pre-activation,
-        ``cache.attn.sdpa.k`` the rotated keys), or None."""
-        return self._cache
-
-    def cache_nbytes(self):
-        """Bytes the last forward keeps for the backward (activations only, parameters excluded)."""
-        if self._cache is None:
-            return 0
-        param_ids = {id(p) for p in self.params.values()}
-        seen, total, stack = set(), 0, [self._cache]
-        while stack:
-            item = stack.pop()
-            if isinstance(item, tuple):
-                stack.extend(item)
-            elif isinstance(item, np.ndarray):
-                while isinstance(item.base, np.ndarray):
-                    item = item.base
-                if id(item) not in seen and id(item) not in param_ids:
-                    seen.add(id(item))
-                    total += item.nbytes
-        return total
+    config_type, kv_type, default_dtype = LlamaConfig, LlamaKVCache, np.float64
+    shapes_of, init_of = staticmethod(llama_param_shapes), staticmethod(init_params)
+    kv_heads = ("n_kv_heads", "H_kv")
 
     # ---- forward ---------------------------------------------------------------------------------
     def __call__(self, x, key_padding_mask=None, positions=None):
@@ -293,12 +289,9 @@ class LlamaBlock:
         x = check_input(x, self.config.d_model, self.dtype)      # (B, S, D)
         kpm = check_mask(key_padding_mask, x.shape)
         cos_sin = self._tables(x.shape, positions)
-        watch = Watch(enabled=self.trace, raise_error=self.check_finite)
+        watch = self._watch()
         with np.errstate(all="ignore"):   # non-finite values are the Watch's to report
-            if self.fuses():
-                y, cache = self._layers_fused(x, kpm, cos_sin)
-            else:
-                y, cache = self._layers(x, kpm, cos_sin, watch)
+            y, cache = self._layers(x, kpm, cos_sin, watch)
         self.overflow = watch.first
         self._cache = cache
         return y
@@ -317,34 +310,18 @@ class LlamaBlock:
         return rope_cos_sin(positions, cfg.d_head, cfg.rope_theta, elementwise_dtype(self.dtype))
 
     def _layers(self, x, kpm, cos_sin, watch, kv=None):  # (B, S, D) -> (B, S, D), LlamaBlockCache
-        """The block's equations, op by op; with ``kv`` the attention reads and extends a KV cache."""
-        p, cfg, pol = self.params, self.config, self.policy
-        h1, n1 = rms_norm_forward(x, p["input_layernorm.weight"], cfg.eps, pol,   # h1 = RMSNorm1(x)
-                                  watch.scope("input_layernorm"))
-        a, attn = self._attention(h1, kpm, cos_sin, watch, kv)                   # a  = Attn(h1)
-        x1 = watch("residual1", x + a, x, a)                                     # x1 = x + a
-        h2, n2 = rms_norm_forward(x1, p["post_attention_layernorm.weight"], cfg.eps, pol,
-                                  watch.scope("post_attention_layernorm"))       # h2 = RMSNorm2(x1)
-        m, mlp = swiglu_forward(h2, p["mlp.gate_proj.weight"], p["mlp.up_proj.weight"],  # m = SwiGLU(h2)
-                                p["mlp.down_proj.weight"], pol, watch.scope("mlp"))
-        y = watch("residual2", x1 + m, x1, m)                                    # y  = x1 + m
-        return y, LlamaBlockCache(x.shape, n1, attn, n2, mlp)
+        """The block's equations over the fused or the op-by-op parts; with ``kv`` the attention
+        reads and extends a KV cache."""
+        fused = self.fuses()
+        parts = (LlamaFused if fused else LlamaOpByOp)(self, kpm, cos_sin, watch, kv)
+        y, caches = block_equations(x, parts)
+        return y, LlamaBlockCache(x.shape, *caches, fused=fused)
 
     def fuses(self):
         """Whether the next forward (or decode) runs the fused kernels: ``fused`` is on, the dtype
         is float32 or float64, the policy is the safe one, no tracer."""
         return (self.fused and self.dtype in FUSED_DTYPES and self.policy == SAFE
                 and not (self.trace or self.check_finite))
-
-    def _layers_fused(self, x, kpm, cos_sin, kv=None):  # (B, S, D) -> (B, S, D), LlamaBlockCache
-        """The equations of ``_layers``, each memory-bound chain one fused kernel."""
-        p, eps = self.params, self.config.eps
-        h1, n1 = fused_llama.rms_norm(x, p["input_layernorm.weight"], eps)         # h1 = RMSNorm1(x)
-        a, attn = self._attention(h1, kpm, cos_sin, Watch(), kv, fused=True)      # a  = Attn(h1)
-        x1, h2, n2 = fused_llama.add_rms_norm(x, a, p["post_attention_layernorm.weight"], eps)  # x1 = x + a
-        m, mlp = self._mlp_fused(h2, keep=kv is None)                             # m  = SwiGLU(h2)
-        y = np.add(x1, m, out=m)                                                  # y  = x1 + m
-        return y, LlamaBlockCache(x.shape, n1, attn, n2, mlp, fused=True)
 
     def _attention(self, h, kpm, cos_sin, watch, kv=None, fused=False):  # (B, S, D) -> (B, S, D)
         p, cfg, pol = self.params, self.config, self.policy
@@ -361,20 +338,7 @@ class LlamaBlock:
             q, _ = rope_forward(split_heads(q, H), cos_sin=cos_sin)              # (B, H, S, d_h)
             k, _ = rope_forward(split_heads(k, H_kv), cos_sin=cos_sin)           # (B, H_kv, S, d_h)
         v = split_heads(v, H_kv)                                                 # (B, H_kv, S, d_h)
-        tiled = self.attention == "tiled" or (self.attention == "auto" and not self.training)
-        if kv is not None:   # decode: the new keys and values join the cache; the queries read it all
-            t0, t1 = kv.length, kv.length + q.shape[2]
-            kv.k[:, :, t0:t1] = k                                 # (B, H_kv, n, d_h) into (B, H_kv, max_len, d_h)
-            kv.v[:, :, t0:t1] = v
-            o = flash_attention_forward(q, kv.k[:, :, :t1], kv.v[:, :, :t1], None, True, pol,
-                                        watch.scope("attn"), q_offset=t0)   # (B, H, n, d_h)
-            c_sdpa = None
-        elif tiled:   # never holds the (B, H, S, S) scores; the backward recomputes P
-            o = flash_attention_forward(q, k, v, kpm, True, pol, watch.scope("attn"))
-            c_sdpa = AttentionCache(q, k, v, None, None, 0.0, kpm, True, pol)
-        else:
-            o, c_sdpa = attention_forward(q, k, v, kpm, True, 0.0, None, pol, watch.scope("attn"),
-                                          fused=fused)
+        o, c_sdpa = self._sdpa(q, k, v, kpm, True, watch, kv, fused)           # (B, H, S, d_h)
         o = merge_heads(o)                                                       # (B, S, H d_h)
         a, c_o = linear_forward(o, p["self_attn.o_proj.weight"], None, pol)      # (B, S, D)
         watch("attn.o_proj", a, o)
@@ -389,13 +353,6 @@ class LlamaBlock:
         return m, SwiGLUCache(c_gate, c_up, a, b, c_down)
 
     # ---- decoding with a KV cache ----------------------------------------------------------------
-    def kv_cache(self, batch, max_len, dtype=None):
-        """A fresh :class:`LlamaKVCache` of H_kv heads for ``batch`` sequences of up to ``max_len``
-        positions; dtype: its storage dtype (None: the block's)."""
-        dtype = self.dtype if dtype is None else resolve_dtype(dtype)
-        cfg = self.config
-        return LlamaKVCache(batch, max_len, cfg.n_kv_heads, cfg.d_head, dtype)
-
     def decode(self, x_new, kv):
         """Run the block on the next n positions of B sequences given a :class:`LlamaKVCache` of the
         positions before them; x_new: (B, n, D), n >= 1 -> y_new: (B, n, D).
@@ -406,73 +363,22 @@ class LlamaBlock:
         """
         x = self._check_decode(x_new, kv)                         # (B, n, D)
         cos_sin = self._tables(x.shape, None, start=kv.length)
-        watch = Watch(enabled=self.trace, raise_error=self.check_finite)
+        watch = self._watch()
         with np.errstate(all="ignore"):
-            if self.fuses():
-                y, _ = self._layers_fused(x, None, cos_sin, kv)
-            else:
-                y, _ = self._layers(x, None, cos_sin, watch, kv)
+            y, _ = self._layers(x, None, cos_sin, watch, kv)
         self.overflow = watch.first
         kv.length += x.shape[1]                                   # only once the step has succeeded
         return y
 
-    def _check_decode(self, x_new, kv):  # -> x_new as (B, n, D) in the block's dtype
-        if self.training:
-            raise RuntimeError("decode: the block is in training mode; decoding is inference -- "
-                               "call block.eval() first")
-        if not isinstance(kv, LlamaKVCache):
-            raise TypeError(f"kv: expected a preln.nn.llama.LlamaKVCache from block.kv_cache(batch, "
-                            f"max_len); got {type(kv).__name__}")
-        cfg = self.config
-        if (kv.n_kv_heads, kv.d_head) != (cfg.n_kv_heads, cfg.d_head):
-            raise ValueError(f"kv: expected a cache of H_kv = {cfg.n_kv_heads} key/value heads of "
-                             f"d_h = {cfg.d_head}; got H_kv = {kv.n_kv_heads}, d_h = {kv.d_head}")
-        x = check_input(x_new, cfg.d_model, self.dtype, "x_new")   # (B, n, D)
-        B, n, _ = x.shape
-        if B != kv.batch:
-            raise ValueError(f"x_new: expected batch B = {kv.batch} (the cache's); got shape {x.shape}")
-        if kv.length + n > kv.max_len:
-            raise ValueError(f"kv: the cache is full: it holds {kv.length} of max_len = {kv.max_len} "
-                             f"positions and x_new brings {n} more; make a cache with a larger max_len")
-        return x
-
     # ---- backward: the forward read from the bottom up -----------------------------------------
     def backward(self, dy):
         """dy = dL/dy, (B, S, D) -> dL/dx, (B, S, D); adds dL/dparam into ``self.grads``."""
-        if self._cache is None:
-            raise RuntimeError("backward: no forward to differentiate; call block(x) first "
-                               "(a forward that raised leaves nothing to differentiate)")
-        c = self._cache
-        dy = check_same_shape(dy, c.shape, "dy").astype(self.dtype, copy=False)
+        c, dy = self._backward_input(dy)
+        parts = (LlamaFused if c.fused else LlamaOpByOp)(self)
         with np.errstate(all="ignore"):
-            dh2 = self._mlp_backward(dy, c.mlp, c.fused)                          # y  = x1 + SwiGLU(h2)
-            dx1 = self._norm_backward("post_attention_layernorm", dh2, c.norm2, dy, c.fused)  # h2 = RMSNorm2(x1)
-            dh1 = self._attention_backward(dx1, c.attn, c.fused)                  # x1 = x + Attn(h1)
-            dx = self._norm_backward("input_layernorm", dh1, c.norm1, dx1, c.fused)  # h1 = RMSNorm1(x)
-        return dx
+            return block_backward(dy, c, parts)
 
-    def _accumulate(self, name, grad):
-        self.grads[name] += grad   # gradients add up over backward calls, as in PyTorch
-
-    def _norm_backward(self, name, dh, cache, dres, fused):  # -> dres + dL/dx through the norm
-        if fused:
-            dx, dgamma = fused_llama.rms_norm_backward(dh, cache, dres)          # the residual's, added
-        else:
-            dx, dgamma = rms_norm_backward(dh, cache, self.policy)
-            dx += dres                                                          # x feeds the residual too
-        self._accumulate(f"{name}.weight", dgamma)
-        return dx
-
-    def _mlp_backward(self, dm, c, fused):  # (B, S, D) -> (B, S, D)
-        if not fused:
-            dh, dw_gate, dw_up, dw_down = swiglu_backward(dm, c, self.policy)
-        else:
-            pol = self.policy
-            dg, dw_down, _ = linear_backward(dm, c.down, pol)                    # m = g W_down^T
-            da, db = fused_llama.silu_mul_backward(dg, c.a, c.b)                 # g = SiLU(a) b
-            dh, dw_gate, _ = linear_backward(da, c.gate, pol)                    # a = h W_gate^T
-            dh_up, dw_up, _ = linear_backward(db, c.up, pol)                     # b = h W_up^T
-            dh += dh_up
+    def _accumulate_mlp(self, dh, dw_gate, dw_up, dw_down):
         self._accumulate("mlp.gate_proj.weight", dw_gate)
         self._accumulate("mlp.up_proj.weight", dw_up)
         self._accumulate("mlp.down_proj.weight", dw_down)

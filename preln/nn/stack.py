@@ -17,8 +17,9 @@ only, as :meth:`preln.TransformerBlock.decode` does for one block.
 """
 import numpy as np
 
+from preln.nn.base import Module
 from preln.nn.block import TransformerBlock, param_shapes
-from preln.validation import as_array, check_same_shape
+from preln.validation import as_array, check_choice, check_same_shape, check_state_keys, positive_int
 from preln.nn.config import BlockConfig
 from preln.ops import layer_norm_backward, layer_norm_forward
 from preln.precision import resolve_dtype
@@ -36,21 +37,9 @@ class StackKVCache:
     def __init__(self, layers):
         self.layers = list(layers)
 
-    @property
-    def length(self):
-        return self.layers[0].length
-
-    @property
-    def batch(self):
-        return self.layers[0].batch
-
-    @property
-    def max_len(self):
-        return self.layers[0].max_len
-
-    @property
-    def dtype(self):
-        return self.layers[0].dtype
+    # the layers' caches are filled together: the first one speaks for all
+    length, batch, max_len, dtype = (property(lambda self, a=a: getattr(self.layers[0], a))
+                                     for a in ("length", "batch", "max_len", "dtype"))
 
     @property
     def nbytes(self):
@@ -93,7 +82,7 @@ def xavier_normal_params(config, rng, dtype=np.float64):
     return {k: v.astype(dtype) for k, v in params.items()}
 
 
-class TransformerStack:
+class TransformerStack(Module):
     """L blocks with the same :class:`preln.BlockConfig`, then an optional final LayerNorm.
 
     config:     one BlockConfig for every layer (``norm_first`` picks Pre-LN or Post-LN).
@@ -111,14 +100,12 @@ class TransformerStack:
                  attention="plain"):
         if not isinstance(config, BlockConfig):
             raise TypeError(f"config: expected a preln.BlockConfig; got {type(config).__name__}")
-        if isinstance(n_layers, bool) or not isinstance(n_layers, (int, np.integer)) or n_layers < 1:
-            raise ValueError(f"n_layers: expected a positive int; got {n_layers!r}")
+        n_layers = positive_int(n_layers, "n_layers")
         if final_norm not in (None, True, False):
             raise ValueError(f"final_norm: expected True, False or None; got {final_norm!r}")
-        if init not in ("torch", "xavier"):
-            raise ValueError(f"init: expected 'torch' or 'xavier'; got {init!r}")
+        check_choice(init, ("torch", "xavier"), "init")
         self.config = config
-        self.n_layers = int(n_layers)
+        self.n_layers = n_layers
         self.final_norm = config.norm_first if final_norm is None else bool(final_norm)
         self.dtype = resolve_dtype(dtype)
         ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
@@ -163,37 +150,13 @@ class TransformerStack:
             shapes.update({"norm.weight": (self.config.d_model,), "norm.bias": (self.config.d_model,)})
         return shapes
 
-    def num_params(self):
-        return int(sum(int(np.prod(s)) for s in self.param_shapes().values()))
-
-    def zero_grad(self):
-        for layer in self.layers:
-            layer.zero_grad()
-        for g in self.norm_grads.values():
-            g[...] = 0
-
-    def train(self, mode=True):
-        self.training = bool(mode)
-        for layer in self.layers:
-            layer.train(mode)
-        return self
-
-    def eval(self):
-        return self.train(False)
-
-    def state_dict(self):
-        """A copy of every parameter, keyed as torch.nn.TransformerEncoder's state dict."""
-        return {k: v.copy() for k, v in self.params.items()}
+    def children(self):
+        return self.layers
 
     def load_state_dict(self, state_dict):
         """Strict: every key of :meth:`param_shapes`, no extra key, exact shapes."""
-        if not isinstance(state_dict, dict):
-            raise TypeError(f"state_dict: expected a dict of arrays; got {type(state_dict).__name__}")
         shapes = self.param_shapes()
-        missing = [k for k in shapes if k not in state_dict]
-        extra = [k for k in state_dict if k not in shapes]
-        if missing or extra:
-            raise KeyError(f"state_dict: missing keys {missing}, unexpected keys {extra}")
+        check_state_keys(state_dict, shapes)
         for i, layer in enumerate(self.layers):
             prefix = f"layers.{i}."
             layer.load_state_dict({k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)})

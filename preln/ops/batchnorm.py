@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from preln.validation import check_float_array
+from preln.validation import check_float_array, positive_int
 
 __all__ = ["BatchNormCache", "batchnorm_forward", "batchnorm_backward", "BatchNorm1d"]
 
@@ -142,10 +142,7 @@ class BatchNorm1d:
     """
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, dtype=np.float64):
-        if isinstance(num_features, bool) or not isinstance(num_features, (int, np.integer)) \
-                or num_features < 1:
-            raise ValueError(f"num_features: expected a positive int C; got {num_features!r}")
-        C = int(num_features)
+        C = positive_int(num_features, "num_features")          # the channels C
         self.eps, self.momentum = eps, momentum
         self.params = {"weight": np.ones(C, dtype), "bias": np.zeros(C, dtype)}
         self.grads = {k: np.zeros_like(v) for k, v in self.params.items()}

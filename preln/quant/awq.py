@@ -33,7 +33,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from preln.quant.groups import GroupQuant, check_bits, check_weight, rtn
+from preln.quant.groups import MAX_BITS, GroupQuant, check_weight, rtn
+from preln.validation import check_bits, positive_int
 
 __all__ = ["AWQResult", "awq", "awq_scales"]
 
@@ -62,13 +63,12 @@ def awq(w, x, bits=4, group_size=None, symmetric=False, n_grid=20, output=None):
     passes here.
     """
     w = check_weight(w)
-    bits = check_bits(bits)
+    bits = check_bits(bits, hi=MAX_BITS)
     x = np.asarray(x, np.float64)
     if x.ndim != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"x: expected (N, K) calibration inputs with K = {w.shape[1]} (w is "
                          f"{w.shape}); got shape {x.shape}")
-    if isinstance(n_grid, bool) or not isinstance(n_grid, (int, np.integer)) or n_grid < 1:
-        raise ValueError(f"n_grid: expected a positive int; got {n_grid!r}")
+    n_grid = positive_int(n_grid, "n_grid")
     if output is None:
         def output(w_eff):                                               # the layer itself
             return x @ w_eff.T

@@ -45,7 +45,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from preln.quant.groups import GroupQuant, check_bits, check_weight, group_size_of, group_grid, round_to_grid
+from scipy.linalg import cholesky, solve_triangular
+
+from preln.quant.groups import MAX_BITS, GroupQuant, check_weight, group_size_of, group_grid, round_to_grid
+from preln.validation import check_bits, positive_int
 
 __all__ = ["gptq", "hessian", "inverse_hessian_factor"]
 
@@ -60,11 +63,17 @@ def hessian(x):  # (N, K) -> (K, K)
 
 
 def inverse_hessian_factor(h, damp=0.01):  # (K, K) -> (K, K) upper triangular
-    """U, upper triangular, with (H + damp mean(diag H) I)^-1 = U^T U."""
+    """U, upper triangular, with (H + damp mean(diag H) I)^-1 = U^T U -- from a Cholesky factor of H
+    and one triangular solve, never a general inverse.
+
+    The Cholesky factor of J H J (J reverses the order of the columns) read backwards is an upper
+    triangular R with H = R R^T; then H^-1 = R^-T R^-1, so U = R^-1, upper triangular with a
+    positive diagonal: the factor is unique, so it is the one the inverse's Cholesky would give.
+    """
     h = np.array(h, np.float64)
     h[np.diag_indices_from(h)] += damp * np.mean(np.diag(h))
-    h_inv = np.linalg.inv(h)
-    return np.linalg.cholesky(h_inv).T            # numpy's lower factor L = U^T: H^-1 = L L^T
+    r = cholesky(h[::-1, ::-1], lower=True)[::-1, ::-1]          # upper triangular, H = R R^T
+    return solve_triangular(r, np.eye(len(h)), lower=False)      # U = R^-1
 
 
 def gptq(w, x, bits=4, group_size=None, symmetric=False, block_size=128, damp=0.01, trace=None):
@@ -76,16 +85,14 @@ def gptq(w, x, bits=4, group_size=None, symmetric=False, block_size=128, damp=0.
     updates have left them (tests compare them with the exact least-squares optimum).
     """
     w = check_weight(w).copy()
-    bits = check_bits(bits)
+    bits = check_bits(bits, hi=MAX_BITS)
     M, K = w.shape
     x = np.asarray(x, np.float64)
     if x.ndim != 2 or x.shape[1] != K:
         raise ValueError(f"x: expected (N, K) calibration inputs with K = {K} (w is {w.shape}); "
                          f"got shape {x.shape}")
     g = group_size_of(K, group_size)
-    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) or block_size < 1:
-        raise ValueError(f"block_size: expected a positive int; got {block_size!r}")
-    block_size = min(int(block_size), K)
+    block_size = min(positive_int(block_size, "block_size"), K)
     if block_size % g and g % block_size and g != K:
         raise ValueError(f"block_size: expected a multiple or a divisor of group_size = {g} (every "
                          f"group must start a lazy batch or lie inside one); got {block_size}")

@@ -44,17 +44,17 @@ from typing import NamedTuple
 
 import numpy as np
 
+from preln.validation import check_bits, positive_int
+
 __all__ = ["GroupQuant", "SCALE_BYTES", "group_grid", "round_to_grid", "rtn", "pack_int4", "unpack_int4",
-           "check_bits", "check_weight", "group_size_of"]
+           "MAX_BITS", "check_weight", "group_size_of"]
 
 #: bytes of one stored scale (float16, as the GPTQ and AWQ kernels keep them)
 SCALE_BYTES = 2
 
 
-def check_bits(bits):
-    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 2 <= bits <= 8:
-        raise ValueError(f"bits: expected an int in [2, 8]; got {bits!r}")
-    return int(bits)
+#: the widest code of the group grid (int8's tensors take up to 16 bits, these pack into bytes)
+MAX_BITS = 8
 
 
 def check_weight(w, name="w"):
@@ -68,12 +68,10 @@ def check_weight(w, name="w"):
 def group_size_of(K, group_size):  # -> g, the number of input columns per group
     if group_size is None:
         return K
-    if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)) or group_size < 1:
-        raise ValueError(f"group_size: expected a positive int or None (one group per row); "
-                         f"got {group_size!r}")
+    group_size = positive_int(group_size, "group_size")
     if K % group_size:
         raise ValueError(f"group_size: expected a divisor of the K = {K} input columns; got {group_size}")
-    return int(group_size)
+    return group_size
 
 
 def group_grid(w, bits, symmetric=False):  # (..., g) -> scale (..., 1), zero (..., 1)
@@ -122,7 +120,7 @@ class GroupQuant(NamedTuple):
 def rtn(w, bits=4, group_size=None, symmetric=False):  # (M, K) -> GroupQuant
     """Round to nearest, in groups of ``group_size`` input columns of each row."""
     w = check_weight(w)
-    bits = check_bits(bits)
+    bits = check_bits(bits, hi=MAX_BITS)
     M, K = w.shape
     g = group_size_of(K, group_size)
     wg = w.reshape(M, K // g, g)                                      # (M, groups, g)

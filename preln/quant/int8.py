@@ -54,9 +54,11 @@ from typing import NamedTuple
 import ml_dtypes
 import numpy as np
 
-from preln.nn.block import TransformerBlock
-from preln.models.lm import TinyLM, embedding_forward
-from preln.ops import activation_forward, attention_forward, layer_norm_forward, merge_heads, split_heads
+from preln.nn.base import block_equations
+from preln.nn.block import LINEAR_PARAMS, Reference, TransformerBlock
+from preln.models.lm import TinyLM
+from preln.ops import layer_norm_forward
+from preln.validation import check_bits, check_input, check_mask
 from preln.nn.stack import TransformerStack
 
 __all__ = ["QTensor", "qmax", "quantize", "dequantize", "int_matmul", "accumulate", "int32_max_terms",
@@ -70,10 +72,7 @@ FP8_E4M3_MAX = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)   # 448
 SCHEMES = ("w8a16", "w8a8-tensor", "w8a8", "llm.int8", "smoothquant", "fp8-e4m3")
 #: the block's four linear layers: (parameter prefix, the name the book uses)
 LINEARS = ("in_proj", "out_proj", "linear1", "linear2")
-LINEAR_WEIGHTS = {"in_proj": ("self_attn.in_proj_weight", "self_attn.in_proj_bias"),
-           "out_proj": ("self_attn.out_proj.weight", "self_attn.out_proj.bias"),
-           "linear1": ("linear1.weight", "linear1.bias"),
-           "linear2": ("linear2.weight", "linear2.bias")}
+LINEAR_WEIGHTS = LINEAR_PARAMS
 _NEEDS_CALIB = ("w8a8-tensor", "smoothquant")
 #: how a static per-tensor activation scale is set from calibration inputs (calibrate_scale)
 CALIBRATIONS = ("absmax", "percentile", "mse")
@@ -102,12 +101,6 @@ def _int_dtype(bits, symmetric):
     return np.dtype(np.int16 if symmetric else np.uint16)
 
 
-def _check_bits(bits):
-    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 2 <= bits <= 16:
-        raise ValueError(f"bits: expected an int in [2, 16]; got {bits!r}")
-    return int(bits)
-
-
 def _as_float(x, name):
     x = np.asarray(x)
     if x.dtype.kind not in "fiu" or x.dtype == np.bool_:
@@ -128,7 +121,7 @@ def quantize(x, bits=8, granularity="tensor", symmetric=True, scale=None, zero_p
     A tensor (or row) of zeros gets S = 1 (any S represents it exactly).
     """
     x = _as_float(x, "x")
-    bits = _check_bits(bits)
+    bits = check_bits(bits)
     if granularity not in ("tensor", "channel", "token"):
         raise ValueError(f"granularity: expected 'tensor', 'channel' or 'token'; got {granularity!r}")
     if granularity != "tensor" and x.ndim < 1:
@@ -173,7 +166,7 @@ def int32_max_terms(bits=8, allow_min=False):
     """How many products of two ``bits``-bit integers an int32 accumulator can always sum:
     floor((2^31 - 1) / m^2), m = 2^(bits-1) - 1 (or 2^(bits-1) when -2^(bits-1) is allowed).
     133,144 for int8 in [-127, 127]; 131,071 with -128."""
-    m = 2 ** (_check_bits(bits) - 1) - (0 if allow_min else 1)
+    m = 2 ** (check_bits(bits) - 1) - (0 if allow_min else 1)
     return INT32_MAX // (m * m)
 
 
@@ -232,7 +225,7 @@ def calibrate_scale(x, method="absmax", bits=8, percentile=99.99, n_grid=200):
         raise ValueError(f"method: expected one of {CALIBRATIONS}; got {method!r}")
     if x.size == 0 or not np.all(np.isfinite(x)):
         raise ValueError(f"x: expected a non-empty array of finite numbers; got {x.size} values")
-    hi = qmax(_check_bits(bits))
+    hi = qmax(check_bits(bits))
     a = np.abs(x)
     amax = float(a.max())
     if amax == 0:
@@ -251,56 +244,17 @@ def calibrate_scale(x, method="absmax", bits=8, percentile=99.99, n_grid=200):
 
 # ---- the float reference of the block, with a pluggable linear -----------------------------------
 def block_forward(params, config, x, key_padding_mask=None, linear=None, record=None):
-    """The block's eval-mode forward, op by op, with ``linear(name, h)`` for the four linear layers.
+    """The block's eval-mode forward, op by op, with ``linear(name, h)`` for the four linear layers:
+    :func:`preln.nn.base.block_equations` over :class:`preln.nn.block.Reference` parts.
 
     params: the block's 12 arrays (already in the compute dtype); x: (B, S, D).
     linear: callable (name in LINEARS, h (N, in)) -> (N, out); None: h @ W^T + b in x's dtype.
     record: a dict to receive every named intermediate (ln1, in_proj, attn, out_proj, residual1,
             ln2, linear1, act, linear2, y), for the op-by-op error.
     """
-    p, cfg = params, config
-    dt = x.dtype
-    if linear is None:
-        def linear(name, h):
-            w, b = LINEAR_WEIGHTS[name]
-            return h @ p[w].T + p[b]
-    rec = record if record is not None else {}
-
-    def lin(name, h):  # (B, S, in) -> (B, S, out)
-        out = np.asarray(linear(name, h.reshape(-1, h.shape[-1])), dtype=dt)
-        out = out.reshape(*h.shape[:-1], -1)
-        rec[name] = out
-        return out
-
-    def norm(name, h):
-        out = layer_norm_forward(h, p[f"{name}.weight"], p[f"{name}.bias"], cfg.eps)[0]
-        rec["ln1" if name == "norm1" else "ln2"] = out
-        return out
-
-    def attn(h):
-        qkv = lin("in_proj", h)                                              # (B, S, 3D)
-        q, k, v = (split_heads(t, cfg.n_heads) for t in np.split(qkv, 3, axis=-1))  # (B, H, S, d_h)
-        o = merge_heads(attention_forward(q, k, v, key_padding_mask, cfg.causal)[0])  # (B, S, D)
-        rec["attn"] = o
-        return lin("out_proj", o)
-
-    def mlp(h):
-        u = lin("linear1", h)                                                # (B, S, F)
-        g = activation_forward(u, cfg.activation)[0]
-        rec["act"] = g
-        return lin("linear2", g)                                             # (B, S, D)
-
-    if cfg.norm_first:                      # Pre-LN: x1 = x + Attn(LN1(x)); y = x1 + MLP(LN2(x1))
-        x1 = x + attn(norm("norm1", x))
-        rec["residual1"] = x1
-        y = x1 + mlp(norm("norm2", x1))
-    else:                                   # Post-LN: x1 = LN1(x + Attn(x)); y = LN2(x1 + MLP(x1))
-        r1 = x + attn(x)
-        rec["residual1"] = r1
-        x1 = norm("norm1", r1)
-        y = norm("norm2", x1 + mlp(x1))
-        rec["ln2"] = y
-    rec["y"] = y
+    parts = Reference(params, config, linear, record=record, key_padding_mask=key_padding_mask)
+    y, _ = block_equations(x, parts, config.norm_first)
+    parts.rec["y"] = y
     return y
 
 
@@ -309,10 +263,7 @@ def linear_inputs(lm, tokens):
     {name in LINEARS: (B S, in) array} per block -- the calibration data of a per-layer method."""
     if not isinstance(lm, TinyLM):
         raise TypeError(f"lm: expected a preln.models.lm.TinyLM; got {type(lm).__name__}")
-    tokens = np.asarray(tokens)
-    if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer):
-        raise ValueError(f"tokens: expected (B, S) integer token ids; got shape {tokens.shape}")
-    h = embedding_forward(tokens, lm.own["tok_emb.weight"])[0] + lm.own["pos_emb.weight"][:tokens.shape[1]]
+    h, _ = lm.io.embed(lm.own, tokens)                                 # (B, S, D)
     out = []
     for layer in lm.stack.layers:
         p, seen = layer.params, {}
@@ -493,11 +444,9 @@ class QuantizedBlock:
 
     def __call__(self, x, key_padding_mask=None, record=None):
         """x: (B, S, D) -> (B, S, D) float32. ``record``: a dict for the named intermediates."""
-        x = np.asarray(x)
-        if x.ndim != 3 or x.shape[-1] != self.config.d_model:
-            raise ValueError(f"x: expected (B, S, D) with D = {self.config.d_model}; got shape {x.shape}")
-        return block_forward(self.params, self.config, x.astype(np.float32), key_padding_mask,
-                             lambda name, h: self.linears[name](h), record)
+        x = check_input(x, self.config.d_model, np.float32)              # (B, S, D)
+        kpm = check_mask(key_padding_mask, x.shape)
+        return block_forward(self.params, self.config, x, kpm, lambda name, h: self.linears[name](h), record)
 
     forward = __call__
 
@@ -544,27 +493,15 @@ class QuantizedLM:
 
     def __init__(self, lm, scheme, calib=None, **options):
         _check_float_model(lm.dtype, lm.stack.training, "lm")
-        h0 = None
-        if calib is not None:
-            tokens = np.asarray(calib)
-            if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer):
-                raise ValueError(f"calib: expected (B, S) integer token ids for a TinyLM; got shape "
-                                 f"{tokens.shape}, dtype {tokens.dtype}")
-            h0 = embedding_forward(tokens, lm.own["tok_emb.weight"])[0] + lm.own["pos_emb.weight"][:tokens.shape[1]]
-        self.config = lm.config
+        h0 = None if calib is None else lm.io.embed(lm.own, calib, name="calib")[0]   # (B, S, D)
+        self.config, self.io = lm.config, lm.io
         self.own = {k: v.astype(np.float32) for k, v in lm.own.items()}
         self.stack = QuantizedStack(lm.stack, scheme, h0, **options)
         self.scheme = scheme
 
     def __call__(self, tokens):  # (B, S) int -> (B, S, V) float32 logits
-        tokens = np.asarray(tokens)
-        if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer):
-            raise ValueError(f"tokens: expected a (B, S) integer array; got shape {tokens.shape}, dtype {tokens.dtype}")
-        S = tokens.shape[1]
-        h = self.own["tok_emb.weight"][tokens] + self.own["pos_emb.weight"][:S]     # (B, S, D)
-        h = self.stack(h)
-        w = self.own["tok_emb.weight"] if self.config.tie_weights else self.own["head.weight"]
-        return h @ w.T + self.own["head.bias"]                                        # (B, S, V)
+        h, _ = self.io.embed(self.own, tokens)                                        # (B, S, D)
+        return self.io.logits(self.own, self.stack(h))[0]                             # (B, S, V)
 
     forward = __call__
 

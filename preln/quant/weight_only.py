@@ -9,8 +9,9 @@ from preln.models.lm import TinyLM
 from preln.ops import attention_forward, layer_norm_forward, merge_heads, split_heads
 from preln.quant.awq import awq
 from preln.quant.gptq import gptq
-from preln.quant.groups import SCALE_BYTES, check_bits, rtn
+from preln.quant.groups import MAX_BITS, SCALE_BYTES, rtn
 from preln.quant.int8 import LINEAR_WEIGHTS, block_forward
+from preln.validation import check_bits, check_choice, check_input, check_mask
 
 __all__ = ["METHODS", "WeightOnlyLinear", "WeightOnlyBlock", "WeightOnlyLM", "quantize_weights"]
 
@@ -48,9 +49,9 @@ class WeightOnlyBlock:
         self.config, self.linears = config, linears
 
     def __call__(self, x, key_padding_mask=None):  # (B, S, D) -> (B, S, D) float32
-        x = np.asarray(x, np.float32)
-        return block_forward(self.params, self.config, x, key_padding_mask,
-                             lambda name, h: self.linears[name](h))
+        x = check_input(x, self.config.d_model, np.float32)              # (B, S, D)
+        kpm = check_mask(key_padding_mask, x.shape)
+        return block_forward(self.params, self.config, x, kpm, lambda name, h: self.linears[name](h))
 
     def weight_nbytes(self):
         return sum(l.weight_nbytes() for l in self.linears.values())
@@ -61,25 +62,19 @@ class WeightOnlyLM:
     and the final LayerNorm stay float32. Maps (B, S) token ids to (B, S, V) logits."""
 
     def __init__(self, lm, blocks, method, bits, group_size):
-        self.config = lm.config
+        self.config, self.io = lm.config, lm.io
         self.own = {k: v.astype(np.float32) for k, v in lm.own.items()}
         self.norm = {k: v.astype(np.float32) for k, v in lm.stack.norm.items()}
         self.eps = lm.stack.config.eps
         self.blocks, self.method, self.bits, self.group_size = blocks, method, bits, group_size
 
     def __call__(self, tokens):  # (B, S) int -> (B, S, V) float32
-        tokens = np.asarray(tokens)
-        if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer):
-            raise ValueError(f"tokens: expected a (B, S) integer array; got shape {tokens.shape}, "
-                             f"dtype {tokens.dtype}")
-        S = tokens.shape[1]
-        h = self.own["tok_emb.weight"][tokens] + self.own["pos_emb.weight"][:S]     # (B, S, D)
+        h, _ = self.io.embed(self.own, tokens)                                       # (B, S, D)
         for block in self.blocks:
             h = block(h)
         if self.norm:
             h = layer_norm_forward(h, self.norm["weight"], self.norm["bias"], self.eps)[0]
-        w = self.own["tok_emb.weight"] if self.config.tie_weights else self.own["head.weight"]
-        return h @ w.T + self.own["head.bias"]                                       # (B, S, V)
+        return self.io.logits(self.own, h)[0]                                        # (B, S, V)
 
     forward = __call__
 
@@ -115,20 +110,15 @@ def quantize_weights(lm, method, bits=4, group_size=None, calib=None, symmetric=
     """
     if not isinstance(lm, TinyLM):
         raise TypeError(f"lm: expected a preln.models.lm.TinyLM; got {type(lm).__name__}")
-    if method not in METHODS:
-        raise ValueError(f"method: expected one of {METHODS}; got {method!r}")
-    bits = check_bits(bits)
+    check_choice(method, METHODS, "method")
+    bits = check_bits(bits, hi=MAX_BITS)
     if method == "rtn" and options:
         raise TypeError(f"quantize_weights: method 'rtn' takes no options; got {sorted(options)}")
     h = None
     if method != "rtn":
         if calib is None:
             raise ValueError(f"calib: method {method!r} needs calibration token ids (B, S); got None")
-        tokens = np.asarray(calib)
-        if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer):
-            raise ValueError(f"calib: expected (B, S) integer token ids; got shape {tokens.shape}, "
-                             f"dtype {tokens.dtype}")
-        h = lm.own["tok_emb.weight"][tokens] + lm.own["pos_emb.weight"][:tokens.shape[1]]   # (B, S, D)
+        h, _ = lm.io.embed(lm.own, calib, name="calib")                # (B, S, D)
     blocks = []
     for layer in lm.stack.layers:
         p64 = {k: v.astype(np.float64) for k, v in layer.params.items()}

@@ -43,16 +43,14 @@ from typing import NamedTuple
 import numpy as np
 
 from preln.models.lm import TinyLM, sample_next
-from preln.ops import activation_forward, layer_norm_forward, linear_forward
+from preln.nn.base import block_equations
+from preln.nn.block import LINEAR_PARAMS, Reference
+from preln.ops import layer_norm_forward, linear_forward
+from preln.precision import resolve_dtype
+from preln.validation import check_token_ids, index_in, nonnegative_int, positive_int
 
 __all__ = ["PagedKVCache", "OutOfBlocks", "paged_attention", "paged_forward", "Request",
            "StepRecord", "ServeResult", "ContinuousBatcher"]
-
-
-def _positive_int(value, name):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name}: expected a positive int; got {value!r}")
-    return int(value)
 
 
 class OutOfBlocks(MemoryError):
@@ -67,12 +65,12 @@ class PagedKVCache:
     """
 
     def __init__(self, n_layers, n_blocks, block_size, n_kv_heads, d_head, dtype=np.float64):
-        self.n_layers = _positive_int(n_layers, "n_layers")
-        self.n_blocks = _positive_int(n_blocks, "n_blocks")
-        self.block_size = _positive_int(block_size, "block_size")
-        self.n_kv_heads = _positive_int(n_kv_heads, "n_kv_heads")
-        self.d_head = _positive_int(d_head, "d_head")
-        self.dtype = np.dtype(dtype)
+        self.n_layers = positive_int(n_layers, "n_layers")
+        self.n_blocks = positive_int(n_blocks, "n_blocks")
+        self.block_size = positive_int(block_size, "block_size")
+        self.n_kv_heads = positive_int(n_kv_heads, "n_kv_heads")
+        self.d_head = positive_int(d_head, "d_head")
+        self.dtype = resolve_dtype(dtype)            # float storage: an int8 pool would truncate
         shape = (self.n_layers, self.n_blocks, self.n_kv_heads, self.block_size, self.d_head)
         self.k = np.zeros(shape, self.dtype)         # (L, n_blocks, n_kv, block_size, d_h)
         self.v = np.zeros(shape, self.dtype)
@@ -102,7 +100,7 @@ class PagedKVCache:
 
     def reserve(self, seq, n):
         """Allocate the blocks for positions length .. length + n - 1 of ``seq`` (all or none)."""
-        need = self.blocks_needed(seq, _positive_int(n, "n"))
+        need = self.blocks_needed(seq, positive_int(n, "n"))
         if need > len(self._free):
             raise OutOfBlocks(f"reserve: {seq!r} needs {need} more blocks for {n} positions; "
                               f"{len(self._free)} of {self.n_blocks} are free")
@@ -112,6 +110,7 @@ class PagedKVCache:
     def write(self, layer, seq, k, v):
         """Store n new positions' keys and values, k, v: (n_kv, n, d_h), after the committed ones
         (reserve them first). The step's attention reads them before :meth:`commit`."""
+        layer = index_in(layer, self.n_layers, "layer")       # -1 is not "the last layer"
         self._check_seq(seq)
         k, v = np.asarray(k), np.asarray(v)
         want = (self.n_kv_heads, k.shape[1] if k.ndim == 3 else -1, self.d_head)
@@ -130,6 +129,7 @@ class PagedKVCache:
     def commit(self, seq, n):
         """The n written positions are now part of ``seq`` (after every layer has written them)."""
         self._check_seq(seq)
+        n = nonnegative_int(n, "n")
         if self.lengths[seq] + n > len(self.tables[seq]) * self.block_size:
             raise ValueError(f"commit: {seq!r} has room for {len(self.tables[seq]) * self.block_size} "
                              f"positions; cannot commit {self.lengths[seq]} + {n}")
@@ -210,16 +210,17 @@ def paged_attention(q, cache, layer, seq, q_start):  # (H, n, d_h) -> (H, n, d_h
 
 
 def _block_step(block, layer, x, cache, spans):  # (N, D) -> (N, D)
-    """One TransformerBlock on the rows of several sequences (spans: (seq, row0, n, t0) each)."""
+    """One TransformerBlock on the rows of several sequences (spans: (seq, row0, n, t0) each):
+    :func:`preln.nn.base.block_equations` over the block's reference parts, with the paged KV
+    store as the attention core."""
     p, cfg = block.params, block.config
     H, dh, D = cfg.n_heads, cfg.d_head, cfg.d_model
 
-    def norm(name, h):
-        return layer_norm_forward(h, p[f"{name}.weight"], p[f"{name}.bias"], cfg.eps)[0]
+    def linear(name, h):
+        w, b = LINEAR_PARAMS[name]
+        return linear_forward(h, p[w], p[b])[0]
 
-    def attn(h):
-        qkv = linear_forward(h, p["self_attn.in_proj_weight"], p["self_attn.in_proj_bias"])[0]  # (N, 3D)
-        q, k, v = np.split(qkv, 3, axis=-1)                          # (N, D) each
+    def attend(q, k, v):  # (N, D) each -> (N, D)
         o = np.empty_like(q)
         for seq, r0, n, t0 in spans:
             def heads(t):                                            # rows of seq -> (H, n, d_h)
@@ -227,18 +228,9 @@ def _block_step(block, layer, x, cache, spans):  # (N, D) -> (N, D)
             cache.write(layer, seq, heads(k), heads(v))
             o_seq = paged_attention(heads(q), cache, layer, seq, t0)  # (H, n, d_h)
             o[r0:r0 + n] = o_seq.transpose(1, 0, 2).reshape(n, D)
-        return linear_forward(o, p["self_attn.out_proj.weight"], p["self_attn.out_proj.bias"])[0]
+        return o
 
-    def mlp(h):
-        u = linear_forward(h, p["linear1.weight"], p["linear1.bias"])[0]          # (N, F)
-        g = activation_forward(u, cfg.activation)[0]
-        return linear_forward(g, p["linear2.weight"], p["linear2.bias"])[0]        # (N, D)
-
-    if cfg.norm_first:                      # Pre-LN: x1 = x + Attn(LN1(x)); y = x1 + MLP(LN2(x1))
-        x1 = x + attn(norm("norm1", x))
-        return x1 + mlp(norm("norm2", x1))
-    x1 = norm("norm1", x + attn(x))         # Post-LN: x1 = LN1(x + Attn(x)); y = LN2(x1 + MLP(x1))
-    return norm("norm2", x1 + mlp(x1))
+    return block_equations(x, Reference(p, cfg, linear, attend), cfg.norm_first)[0]
 
 
 def paged_forward(lm, cache, chunks):  # [(seq, (n_i,) ids)] -> [(n_i, V) logits]
@@ -258,13 +250,13 @@ def paged_forward(lm, cache, chunks):  # [(seq, (n_i,) ids)] -> [(n_i, V) logits
         rows += len(ids)
     ids = np.concatenate([np.asarray(t, np.int64) for _, t in chunks])            # (N,)
     pos = np.concatenate([t0 + np.arange(n) for _, _, n, t0 in spans])            # (N,)
-    x = lm.own["tok_emb.weight"][ids] + lm.own["pos_emb.weight"][pos]            # (N, D)
+    x = lm.io.embed_rows(lm.own, ids, pos, "chunks")                              # (N, D)
     for layer, block in enumerate(lm.stack.layers):
         x = _block_step(block, layer, x, cache, spans)                          # (N, D)
     stack = lm.stack
     if stack.final_norm:
         x = layer_norm_forward(x, stack.norm["weight"], stack.norm["bias"], stack.config.eps)[0]
-    logits = linear_forward(x, lm._head_weight(), lm.own["head.bias"])[0]       # (N, V)
+    logits = lm.io.logits(lm.own, x)[0]                                          # (N, V)
     for seq, _, n, _ in spans:
         cache.commit(seq, n)
     return [logits[r0:r0 + n] for _, r0, n, _ in spans]
@@ -329,20 +321,16 @@ class ContinuousBatcher:
         self.lm = lm.eval()
         self.cache = PagedKVCache(cfg.n_layers, n_blocks, block_size, cfg.n_heads,
                                   cfg.d_model // cfg.n_heads, lm.dtype)
-        self.max_batch = None if max_batch is None else _positive_int(max_batch, "max_batch")
+        self.max_batch = None if max_batch is None else positive_int(max_batch, "max_batch")
 
     def _check(self, requests):
         seen = set()
         for r in requests:
             if not isinstance(r, Request):
                 raise TypeError(f"requests: expected preln.serve.paged.Request items; got {type(r).__name__}")
-            prompt = np.asarray(r.prompt)
-            if prompt.ndim != 1 or prompt.size == 0 or not np.issubdtype(prompt.dtype, np.integer):
-                raise ValueError(f"requests[{r.rid}].prompt: expected a non-empty 1-D array of token "
-                                 f"ids; got shape {prompt.shape}, dtype {prompt.dtype}")
-            _positive_int(r.n_new, f"requests[{r.rid}].n_new")
-            if isinstance(r.arrival, bool) or not isinstance(r.arrival, (int, np.integer)) or r.arrival < 0:
-                raise ValueError(f"requests[{r.rid}].arrival: expected an int >= 0; got {r.arrival!r}")
+            prompt = check_token_ids(r.prompt, self.lm.config.vocab_size, f"requests[{r.rid}].prompt", ndim=1)
+            positive_int(r.n_new, f"requests[{r.rid}].n_new")
+            nonnegative_int(r.arrival, f"requests[{r.rid}].arrival")
             positions = prompt.size + r.n_new - 1          # the last token is sampled, never fed back
             if positions > self.lm.config.max_len:
                 raise ValueError(f"requests[{r.rid}]: prompt {prompt.size} + n_new {r.n_new} tokens "

@@ -8,13 +8,16 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-import sitebrowser  # noqa: E402  (scripts/sitebrowser.py: the server and Chromium, shared with make pdf)
+# scripts/sitebrowser.py: the server and Chromium, shared with make pdf; loaded by its path (scripts/ is
+# not a package on sys.path)
+_spec = importlib.util.spec_from_file_location("sitebrowser", ROOT / "scripts" / "sitebrowser.py")
+sitebrowser = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sitebrowser)
 AXE_JS = ROOT / "vendor" / "tests" / "axe-core" / "axe.min.js"
 WCAG_TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]
 FOCUS_RING_MIN = 3.0       # WCAG 1.4.11 non-text contrast: a focus indicator against its background

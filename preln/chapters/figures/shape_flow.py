@@ -287,12 +287,17 @@ def plot_flops_vs_size(sizes_S, flops_S, fit_S, sizes_D, flops_D, fit_D, S_fixed
         ax.loglog(x, y, "o", color=PALETTE[0], label="sum of the rows")
         ax.loglog(x, fit(x), "-", color=PALETTE[1], lw=1.5,
                   label=f"fit $\\propto {label}^{{{fit.exponent:.2f}}}$")
-        _size_ticks(ax, x)
-        ax.set_xlabel(f"{'sequence length' if label == 'S' else 'model width'} {label}")
-        ax.set_ylabel("forward FLOPs")
-        ax.set_title(f"growing {label}, {fixed}, B = 1")
-        ax.legend(fontsize=8)
+        _size_axes(ax, x, label, "forward FLOPs", f"growing {label}, {fixed}, B = 1")
     return fig
+
+
+def _size_axes(ax, x, label, ylabel, title):
+    """The ticks, labels, title and legend of a log-log plot against S or D."""
+    _size_ticks(ax, x)
+    ax.set_xlabel(f"{'sequence length' if label == 'S' else 'model width'} {label}")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
 
 
 def plot_timings(sizes_S, times_S, fit_S, sizes_D, times_D, fit_D, S_fixed, D_fixed, fit_mask_S=None,
@@ -311,11 +316,7 @@ def plot_timings(sizes_S, times_S, fit_S, sizes_D, times_D, fit_D, S_fixed, D_fi
         xs = x[mask]
         ax.loglog(xs, 1e3 * fit(xs), "-", color=PALETTE[1], lw=1.5,
                   label=f"fit $\\propto {label}^{{{fit.exponent:.2f}}}$")
-        _size_ticks(ax, x)
-        ax.set_xlabel(f"{'sequence length' if label == 'S' else 'model width'} {label}")
-        ax.set_ylabel("forward CPU time (ms)")
-        ax.set_title(f"growing {label}, {fixed}")
-        ax.legend(fontsize=8)
+        _size_axes(ax, x, label, "forward CPU time (ms)", f"growing {label}, {fixed}")
     return fig
 
 

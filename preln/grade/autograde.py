@@ -31,10 +31,10 @@ from pathlib import Path
 import nbformat
 from traitlets import Bool, Integer, Unicode
 
-import checks
-import nbtools
-import sandbox
-import views
+from . import checks
+from . import nbtools
+from . import sandbox
+from . import views
 
 LIB_FILES = ["sandbox_lib/grader_runner.py", "sandbox_lib/grader_capture.py", "wire.py"]
 HERE = Path(__file__).resolve().parent
@@ -109,10 +109,7 @@ def sandbox_notebook(nb, plan):
     out = copy.deepcopy(nb)
     for cell in out.cells:
         if nbtools.BEGIN_HIDDEN in cell.get("source", ""):
-            cell.source = "\n".join(ln for i, ln in enumerate(cell.source.split("\n"))
-                                    if i not in {j for j, _ in nbtools.regions(cell.source, nbtools.BEGIN_HIDDEN,
-                                                                                nbtools.END_HIDDEN)}
-                                    and nbtools.BEGIN_HIDDEN not in ln and nbtools.END_HIDDEN not in ln)
+            cell.source = nbtools.without_hidden(cell.source)
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
     return out
@@ -232,10 +229,7 @@ def apply(nb, plan, verdicts, outputs, sandboxed=True):
     for key, i in tests.items():
         cell = nb.cells[i]
         n = len(plan.questions[key].checks)
-        public = "\n".join(ln for j, ln in enumerate(cell.source.split("\n"))
-                           if j not in {k for k, _ in nbtools.regions(cell.source, nbtools.BEGIN_HIDDEN,
-                                                                       nbtools.END_HIDDEN)}
-                           and nbtools.BEGIN_HIDDEN not in ln and nbtools.END_HIDDEN not in ln)
+        public = nbtools.without_hidden(cell.source)
         cell.source = public.rstrip("\n") + (f"\n# {n} hidden checks: run by the grader, outside the notebook"
                                              + ("" if sandboxed else " (NOT sandboxed)"))
         cell.outputs = verdict_outputs(verdicts[key])

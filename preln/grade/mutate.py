@@ -1,6 +1,6 @@
 """make mutation: how many plausible wrong answers do an assignment's hidden checks catch?
 
-    python scripts/course/mutate.py [name ...] [--verbose] [--per-question] [--limit N] [--timeout S]
+    python -m preln.grade.mutate [name ...] [--verbose] [--per-question] [--limit N] [--timeout S]
 
 For every autograded question of assignments/source/<name>/<name>.ipynb, each line inside the
 answer's `### BEGIN SOLUTION` region is mutated, one mutant at a time:
@@ -11,7 +11,7 @@ answer's `### BEGIN SOLUTION` region is mutated, one mutant at a time:
 A mutant that does not compile is not counted. Each mutant runs in this process (no sandbox: it is
 the instructor's own code): the notebook's setup and answer cells are executed with the mutated
 answer, then the question's hidden checks are evaluated exactly as the grader evaluates them
-(scripts/course/checks.py: the plan's recorded calls, results through wire.py, the same
+(preln/grade/checks.py: the plan's recorded calls, results through wire.py, the same
 expectations), the checks' inputs and references computed once per assignment. The mutant is CAUGHT
 if the question fails (a check fails, the answer raises, or a call takes longer than --timeout).
 Prints one table row per assignment: mutants, caught, the fraction caught (target >= 90 %).
@@ -24,7 +24,7 @@ import sys
 import time
 import tokenize
 
-import nbtools
+from . import nbtools
 
 SWAPS = {"+": "-", "-": "+", "*": "/", "/": "*", "**": "*", "@": "*", "<": "<=", "<=": "<",
          ">": ">=", ">=": ">", "==": "!=", "!=": "==", "//": "/", "and": "or", "or": "and",
@@ -69,7 +69,7 @@ def _alarm(signum, frame):
 def run_question(plan, key, answer_sources, timeout):
     """None if question ``key`` passes with the notebook's answers (``answer_sources`` overriding
     cells by index), else why it fails."""
-    import checks
+    from . import checks
     old = signal.signal(signal.SIGALRM, _alarm)
     signal.setitimer(signal.ITIMER_REAL, max(timeout * 3, 30))
     try:
@@ -91,7 +91,7 @@ def run_question(plan, key, answer_sources, timeout):
 
 def mutate_assignment(name, timeout=10.0, limit=None, verbose=False):
     """Return (rows per question, survivors); a row is (key, mutants, caught)."""
-    import checks
+    from . import checks
     plan = checks.plan_for(nbtools.source_path(name))
     nb = plan.nb
     rows, survivors = [], []
@@ -134,7 +134,6 @@ def main(argv=None):
     ap.add_argument("--limit", type=int, default=None, help="at most N mutants per question")
     ap.add_argument("--min", type=float, default=None, help="exit 1 if an assignment scores below this fraction")
     args = ap.parse_args(argv)
-    sys.path.insert(0, str(nbtools.ROOT))
     names = args.names or nbtools.assignments()
     print("| assignment | questions | mutants | caught | score | seconds |")
     print("|---|---:|---:|---:|---:|---:|")

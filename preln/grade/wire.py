@@ -103,6 +103,14 @@ class _Encoder:
             return {"t": "str", "v": v}
         if t is np.ndarray:
             return {"t": "array", **self.array(v)}
+        if isinstance(v, np.ndarray) and not self.allow_pickle:
+            # a subclass (np.matrix, a MaskedArray with nothing masked) is sent as its data, a plain
+            # array; a MaskedArray with masked values is not data (what would they be compared as?)
+            if isinstance(v, np.ma.MaskedArray):
+                if np.ma.is_masked(v):
+                    raise WireError("not data: a MaskedArray with masked values")
+                return {"t": "array", **self.array(np.asarray(v.data).view(np.ndarray))}
+            return {"t": "array", **self.array(v.view(np.ndarray))}
         if isinstance(v, np.generic) and t.__module__ in ("numpy", "ml_dtypes") and not isinstance(v, np.void):
             return {"t": "npscalar", **self.array(np.asarray(v))}
         if isinstance(v, np.generic) and _ml_name(np.asarray(v).dtype):
@@ -174,6 +182,8 @@ def encode_result(value):
 
 def _describe(v):
     t = type(v)
+    if isinstance(v, np.ma.MaskedArray):
+        return "a MaskedArray with masked values (return a plain array: np.asarray, or fill them)"
     if isinstance(v, np.ndarray):
         return f"an array of dtype {v.dtype}" if t is np.ndarray else f"a {t.__name__} (a subclass of ndarray)"
     if isinstance(v, (tuple, list, dict)):

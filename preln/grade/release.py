@@ -1,12 +1,12 @@
 """make assignments: the student edition of every assignment, with nbgrader generate_assignment.
 
-    python scripts/course/release.py [name ...]      (default: every assignments/source/<name>)
-    python scripts/course/release.py --check         (fail if a release is out of date or leaks)
+    python -m preln.grade.release [name ...]      (default: every assignments/source/<name>)
+    python -m preln.grade.release --check         (fail if a release is out of date or leaks)
 
 For each assignment, nbgrader (config: assignments/nbgrader_config.py) writes
 assignments/release/<name>/<name>.ipynb: solution regions replaced by `raise NotImplementedError()`,
 written model answers by "YOUR ANSWER HERE", hidden tests removed, outputs cleared, cells locked.
---no-db: nothing is written to a gradebook (grading uses its own temporary one, see grade.py).
+--no-db: nothing is written to a gradebook (grading uses its own temporary one, see cli.py).
 Then every line of a solution, hidden test or model answer is looked for in the release text, and
 the generated parts of book/course.md (the assignment list, with download and launch links) and
 book/running.md (time and points per assignment) are rewritten from the notebooks' headers.
@@ -16,7 +16,7 @@ import json
 import re
 import tempfile
 
-import nbtools
+from . import nbtools
 
 
 def generate(names, course_root, release_root):
@@ -41,7 +41,7 @@ def generate(names, course_root, release_root):
             raise SystemExit(f"nbgrader generate_assignment {name} failed:\n{res.get('log')}\n{res.get('error')}")
 
 
-def leaks(name, release_root=nbtools.RELEASE):
+def leaks(name, release_root=None):
     """Secret lines of the source that appear in the release notebook's text (should be none)."""
     secrets = nbtools.secret_lines(nbtools.read(nbtools.source_path(name)))
     rel = nbtools.read(nbtools.release_path(name, release_root))
@@ -57,7 +57,7 @@ def release_text(path):
     return json.dumps({"cells": cells, "metadata": nb.metadata}, sort_keys=True, indent=1)
 
 
-COURSE_PAGE = nbtools.ROOT / "book" / "course.md"
+COURSE_PAGE = nbtools.ROOT / "book" / "course.md" if nbtools.ROOT else None
 BEGIN_TABLE, END_TABLE = "<!-- BEGIN ASSIGNMENTS (make assignments writes this part) -->", "<!-- END ASSIGNMENTS -->"
 
 
@@ -81,6 +81,22 @@ def header(nb):
     return title, summary, time.group(1).strip() if time else "?"
 
 
+def chapters_of(name, toc):
+    """The chapters an assignment covers, in reading order: book/<name> and, when a chapter was
+    split in two, its second part book/<name>_<part> (_toc.yml says so)."""
+    files = re.findall(r"^\s*- file: book/(\S+)\s*$", toc, re.M)
+    return [f for f in files if f == name or f.startswith(name + "_")] if name in files else []
+
+
+def chapter_line(chapters):
+    """"**Chapter:** {doc}`a`. " or "**Chapters:** {doc}`a` and {doc}`b`. " ("" for none)."""
+    if not chapters:
+        return ""
+    links = [f"{{doc}}`{c}`" for c in chapters]
+    listed = links[0] if len(links) == 1 else ", ".join(links[:-1]) + " and " + links[-1]
+    return f"**Chapter{'s' if len(links) > 1 else ''}:** {listed}. "
+
+
 def course_section(names):
     """The markdown of the Course page's assignment list (one subsection per assignment)."""
     repo, branch = repository()
@@ -94,10 +110,10 @@ def course_section(names):
         path = f"assignments/release/{name}/{name}.ipynb"
         out += [f"### {title}", "",
                 summary, "",
-                (f"**Chapter:** {{doc}}`{name}`. " if f"- file: book/{name}\n" in toc else "")
+                chapter_line(chapters_of(name, toc))
                 + f"**Time:** {time}. **Points:** {auto + manual:g} ({n_q} coding questions, {auto:g} points "
                 f"graded automatically; {manual:g} for written answers graded by hand).", "",
-                f"**Student notebook:** {{download}}`{name}.ipynb <../{path}>` · "
+                f"**Student notebook:** {{download}}`{name}_assignment.ipynb <../{path}>` · "
                 f"[launch on Binder](https://mybinder.org/v2/gh/{repo}/{branch}?urlpath=lab/tree/{path}) · "
                 f"[open in Colab](https://colab.research.google.com/github/{repo}/blob/{branch}/{path})", ""]
     out.append(END_TABLE)
@@ -111,7 +127,7 @@ def course_order(names):
     return sorted(names, key=lambda n: (pos[n] < 0, pos[n], n))
 
 
-GUIDE_PAGE = nbtools.ROOT / "book" / "running.md"
+GUIDE_PAGE = nbtools.ROOT / "book" / "running.md" if nbtools.ROOT else None
 BEGIN_GUIDE, END_GUIDE = ("<!-- BEGIN ASSIGNMENT TABLE (make assignments writes this part) -->",
                           "<!-- END ASSIGNMENT TABLE -->")
 
@@ -153,6 +169,9 @@ def main(argv=None):
     ap.add_argument("--check", action="store_true",
                     help="regenerate into a temporary folder and fail if assignments/release differs")
     args = ap.parse_args(argv)
+    if nbtools.ROOT is None:
+        raise SystemExit("python -m preln.grade.release writes the clone's assignments/release/ and book pages: "
+                         "run it in a clone of the repository (grading needs only python -m preln.grade)")
     names = args.names or nbtools.assignments()
     problems = []
     if args.check:

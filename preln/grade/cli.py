@@ -1,13 +1,14 @@
-"""make grade: autograde a folder of submissions, sandboxed, one CSV per assignment.
+"""python -m preln.grade (make grade): autograde a folder of submissions, sandboxed, one CSV per assignment.
 
-    python scripts/course/grade.py SUBMISSIONS [--roster roster.csv] [--out _build/grades]
+    python -m preln.grade SUBMISSIONS [--roster roster.csv] [--out DIR] [--course DIR]
         [--jobs N] [--assignment NAME ...] [--timeout 60] [--call-timeout 10] [--mem-mb 2048]
         [--cpu-s 600] [--total-mem-mb 4096] [--no-sandbox] [--no-feedback] [--keep]
 
 SUBMISSIONS is nbgrader's layout, SUBMISSIONS/<student>/<assignment>/<assignment>.ipynb. The
 roster (optional) is a CSV with a column `student` (or `id`); a roster student with no submission
-gets a row with status `missing`. For each assignment in assignments/source/ it writes
-<out>/<assignment>.csv with the columns
+gets a row with status `missing`. For each assignment of the instructor edition (--course: default
+the clone's assignments/, or outside a clone the copy in the installed package) it writes
+<out>/<assignment>.csv (--out: default _build/grades/ in a clone, ./grades/ elsewhere) with the columns
 
     student, <one per graded question>, total, possible, manual_possible, status
 
@@ -18,8 +19,8 @@ it was killed for memory or time, or the notebook killed the grader's process in
 nbgrader's HTML feedback per student goes to <out>/feedback/<student>/<assignment>.html.
 
 How (book/running.md, "Grading" and "Threat model"): every notebook is autograded by nbgrader with
-assignments/nbgrader_config.py, whose SandboxedExecute runs the student's code in a bubblewrap
-sandbox and computes the hidden checks' verdicts in the grader's process (scripts/course/autograde.py).
+the edition's nbgrader_config.py, whose SandboxedExecute runs the student's code in a bubblewrap
+sandbox and computes the hidden checks' verdicts in the grader's process (preln/grade/autograde.py).
 Students are graded N at a time (``--jobs``, default: the machine's cores), each in a worker process
 of its own with its own temporary course directory and gradebook; a worker that dies costs only
 its student's rows. Rows are appended to the CSVs as they come (then sorted when the run ends), and
@@ -36,6 +37,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -47,7 +49,7 @@ sys.modules.setdefault("rfc3987_syntax", None)      # jsonschema's IRI checker: 
 
 import nbformat  # noqa: E402
 
-import nbtools  # noqa: E402
+from . import nbtools  # noqa: E402
 
 NO_SANDBOX = "not sandboxed: --no-sandbox"
 
@@ -60,21 +62,79 @@ def read_roster(path):
     return [(r.get("student") or r.get("id")).strip() for r in rows if (r.get("student") or r.get("id"))]
 
 
-def check_submission(path, source_nb):
-    """None if ``path`` is a notebook with every graded cell of the source, else the reason it is not."""
+#: the largest notebook, and the largest cell source, graded (a student's real work is far below)
+MAX_NOTEBOOK_MB, MAX_CELL_KB, MAX_SOURCE_KB = 64, 256, 2048
+REFUSED = "refused"
+
+
+def _kind(mode):
+    return ("a symbolic link" if stat.S_ISLNK(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "a folder" if stat.S_ISDIR(mode) else "not a regular file")
+
+
+def refusal(submissions, student, name):
+    """Why the submission's path is not a plain notebook file of the student's own (None if it is).
+
+    Checked with lstat, part by part from the submissions folder down: the student's folder, the
+    assignment's folder and the notebook must be a real folder, folder and regular file, none a
+    link, and the notebook must have no other hard link (a second name elsewhere: another
+    student's file, the instructor's source). Nothing here opens or follows anything."""
+    parts = [(submissions / student, "the student's folder", stat.S_ISDIR),
+             (submissions / student / name, f"the folder {name}/", stat.S_ISDIR),
+             (submissions / student / name / f"{name}.ipynb", f"{name}.ipynb", stat.S_ISREG)]
+    for path, what, ok in parts:
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return None                                   # missing: the caller's `missing` row
+        except OSError as e:
+            return f"{REFUSED}: {what} cannot be examined ({type(e).__name__})"
+        if not ok(st.st_mode):
+            return f"{REFUSED}: {what} is {_kind(st.st_mode)}, not a notebook file of the submission's own"
+    if st.st_nlink > 1:
+        return (f"{REFUSED}: {name}.ipynb has {st.st_nlink} hard links (another name for the same file "
+                "elsewhere); submit a copy")
+    if st.st_size > MAX_NOTEBOOK_MB * 2 ** 20:
+        return f"{REFUSED}: {name}.ipynb is larger than {MAX_NOTEBOOK_MB} MB"
+    return None
+
+
+def read_submission(path):
+    """The notebook file's bytes: opened without following a link or blocking (O_NOFOLLOW,
+    O_NONBLOCK), and read only if what was opened is the regular file examined."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
     try:
-        if path.stat().st_size > 64 * 2 ** 20:
-            return "not a readable notebook (larger than 64 MB)"
-        nb = nbformat.read(str(path), as_version=4)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1 or st.st_size > MAX_NOTEBOOK_MB * 2 ** 20:
+            raise OSError(f"{path} changed while it was examined")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(MAX_NOTEBOOK_MB * 2 ** 20 + 1)
+    finally:
+        os.close(fd)
+
+
+def check_submission(data, source_nb):
+    """(notebook, None) if ``data`` is a notebook with every graded cell of the source, else (None, the
+    reason it is not)."""
+    if len(data) > MAX_NOTEBOOK_MB * 2 ** 20:
+        return None, f"{REFUSED}: the notebook is larger than {MAX_NOTEBOOK_MB} MB"
+    try:
+        nb = nbformat.reads(data.decode("utf-8"), as_version=4)
     except Exception as e:                                       # noqa: BLE001: any unreadable file
-        return f"not a readable notebook ({type(e).__name__})"
+        return None, f"not a readable notebook ({type(e).__name__})"
+    big = [i for i, c in enumerate(nb.cells) if len(c.get("source", "")) > MAX_CELL_KB * 1024]
+    if big:
+        return None, f"{REFUSED}: cell {big[0] + 1} is larger than {MAX_CELL_KB} kB of source"
+    if sum(len(c.get("source", "")) for c in nb.cells) > MAX_SOURCE_KB * 1024:
+        return None, f"{REFUSED}: the notebook's cells hold more than {MAX_SOURCE_KB} kB of source"
     have = {nbtools.grade_id(c) for c in nb.cells if nbtools.nbgrader_meta(c)}
     need = [gid for gid, _, _ in nbtools.graded_cells(source_nb)]
     need += [nbtools.grade_id(c) for c in source_nb.cells if nbtools.nbgrader_meta(c).get("solution")]
     missing = sorted(set(need) - have)
     if missing:
-        return f"nbgrader metadata missing for {len(missing)} cells ({', '.join(missing[:3])}...)"
-    return None
+        return None, f"nbgrader metadata missing for {len(missing)} cells ({', '.join(missing[:3])}...)"
+    return nb, None
 
 
 # ---- what may not change ---------------------------------------------------------------------
@@ -83,16 +143,22 @@ SKIP_DIRS = {"_build", "__pycache__", ".pytest_cache", ".hypothesis", ".ipynb_ch
 
 
 def _hash(path):
+    """Content hash of a regular file, opened without following a link or blocking on a FIFO."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return "not a regular file"
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
 
 
 def manifest(roots, stat_only=(), exclude=()):
-    """{path: fingerprint} of every file under ``roots``: a content hash, or (size, mtime) under a
-    ``stat_only`` folder (the Python environment: many files, mounted read-only in the sandbox)."""
+    """{path: fingerprint} of everything under ``roots``, walked with lstat: a regular file's content
+    hash, or (size, mtime) under a ``stat_only`` folder (the Python environment: many files,
+    mounted read-only in the sandbox); a link's target (never followed); a FIFO's, socket's or
+    device's type and inode (never opened)."""
     out = {}
     exclude = {os.path.realpath(p) for p in exclude}
     quick_roots = tuple(os.path.realpath(s) + os.sep for s in stat_only)
@@ -104,23 +170,39 @@ def manifest(roots, stat_only=(), exclude=()):
             out[d] = "unreadable"
             return
         for e in entries:
-            if e.path in exclude or e.is_symlink():
+            if e.path in exclude:
                 continue
-            if e.is_dir(follow_symlinks=False):
-                if e.name not in SKIP_DIRS:
-                    walk(e.path, quick or (e.path + os.sep).startswith(quick_roots))
-            else:
-                try:
-                    st = e.stat(follow_symlinks=False)
+            try:
+                st = e.stat(follow_symlinks=False)
+                if stat.S_ISLNK(st.st_mode):
+                    out[e.path] = ("link", os.readlink(e.path))
+                elif stat.S_ISDIR(st.st_mode):
+                    if e.name not in SKIP_DIRS:
+                        walk(e.path, quick or (e.path + os.sep).startswith(quick_roots))
+                elif not stat.S_ISREG(st.st_mode):
+                    out[e.path] = ("special", stat.S_IFMT(st.st_mode), st.st_ino)
+                else:
                     out[e.path] = (st.st_size, st.st_mtime_ns) if quick else _hash(e.path)
-                except OSError:
-                    out[e.path] = "unreadable"
+            except OSError:
+                out[e.path] = "unreadable"
 
     for root in roots:
         root = os.path.realpath(root)
         if os.path.isdir(root):
             walk(root, (root + os.sep).startswith(quick_roots))
     return out
+
+
+def watched(submissions, out):
+    """What grading must leave as it is: the clone (or, from a wheel, the edition and the installed
+    package), the submissions, the output folder."""
+    from .views import PACKAGE
+    here = [nbtools.ROOT] if nbtools.ROOT else [nbtools.COURSE, PACKAGE]
+    return [*here, nbtools.COURSE, submissions, out]
+
+
+def stat_only():
+    return [nbtools.ROOT / ".venv"] if nbtools.ROOT else []
 
 
 def changes(before, after):
@@ -151,7 +233,7 @@ def make_api(course_root, args, slot, workspace):
 def grade_student(conn, student, names, args, template, tmp, slot):
     """Worker: autograde ``student``'s notebooks; send one message per notebook to ``conn``."""
     warnings.filterwarnings("ignore")
-    import autograde
+    from . import autograde
     os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
     course = Path(tempfile.mkdtemp(prefix=f"student-{slot}-", dir=tmp))
     shutil.copytree(template / "source", course / "source")
@@ -159,6 +241,7 @@ def grade_student(conn, student, names, args, template, tmp, slot):
     api = make_api(course, args, slot, tmp / "work")
     submissions = Path(args.submissions)
     for name in names:
+        conn.send({"start": name})                           # the parent's clock for this notebook starts
         t0 = time.perf_counter()
         msg = {"student": student, "assignment": name}
         try:
@@ -174,12 +257,19 @@ def grade_student(conn, student, names, args, template, tmp, slot):
 def grade_one(api, autograde, student, name, submissions, course, args):
     source_nb = nbtools.read(course / "source" / name / f"{name}.ipynb")
     path = submissions / student / name / f"{name}.ipynb"
-    reason = check_submission(path, source_nb)
+    reason = refusal(submissions, student, name)
+    if reason is not None:
+        return {"status": f"failed: {reason}", "scores": {}}
+    try:
+        data = read_submission(path)
+    except OSError as e:
+        return {"status": f"failed: {REFUSED}: {name}.ipynb could not be read as a plain file ({e})", "scores": {}}
+    _, reason = check_submission(data, source_nb)
     if reason is not None:
         return {"status": f"failed: {reason}", "scores": {}}
     dest = course / "submitted" / student / name
     dest.mkdir(parents=True, exist_ok=True)
-    shutil.copy(path, dest / f"{name}.ipynb")
+    (dest / f"{name}.ipynb").write_bytes(data)                # the bytes examined, not the path again
     autograde.LAST.update(failure=None, seconds=None)
     t0 = time.perf_counter()
     result = api.autograde(name, student, force=True, create=True)
@@ -301,9 +391,9 @@ def grade(args):
     if not submissions.is_dir():
         raise SystemExit(f"SUBMISSIONS: expected a folder <student>/<assignment>/<assignment>.ipynb; "
                          f"got {submissions} (not a folder)")
-    import autograde
-    import checks
-    import sandbox
+    from . import autograde
+    from . import checks
+    from . import sandbox
 
     settings = sandbox.Settings(bwrap=args.bwrap)
     if not args.no_sandbox:
@@ -322,12 +412,26 @@ def grade(args):
     unknown = sorted(set(names) - set(nbtools.assignments()))
     if unknown:
         raise SystemExit(f"--assignment: no such assignment {', '.join(unknown)}; have {', '.join(nbtools.assignments())}")
-    students = sorted({p.name for p in submissions.iterdir() if p.is_dir() and not p.name.startswith(".")}
+    # a student is a folder (or a link, to be refused with a row of its own), never followed
+    students = sorted({e.name for e in os.scandir(submissions) if not e.name.startswith(".")
+                       and (e.is_dir(follow_symlinks=False) or e.is_symlink())}
                       | set(read_roster(args.roster) if args.roster else []))
+    if not args.assignment:
+        # only what was handed in: a roster does not make a CSV of `missing` rows for an assignment
+        # nobody submitted (--assignment NAME grades, and writes, that one regardless)
+        handed_in = [n for n in names if any(os.path.lexists(submissions / s / n) for s in students)]
+        if len(handed_in) < len(names):
+            print(f"make grade: no submissions of {', '.join(n for n in names if n not in handed_in)}: "
+                  "no CSV for them")
+        names = handed_in
+        if not names:
+            print(f"make grade: nothing to grade in {submissions} (expected <student>/<assignment>/<assignment>.ipynb)",
+                  file=sys.stderr)
+            return 1
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     (out / "feedback").mkdir(exist_ok=True)
-    protected = manifest([nbtools.ROOT, submissions, out], stat_only=[nbtools.ROOT / ".venv"],
+    protected = manifest(watched(submissions, out), stat_only=stat_only(),
                          exclude=[out / f"{n}.csv" for n in names] + [out / "feedback"])
     tmp = Path(tempfile.mkdtemp(prefix="preln-grade-"))
     os.chmod(tmp, 0o755)
@@ -347,11 +451,16 @@ def grade(args):
             todo = []
             for name in names:
                 path = submissions / student / name / f"{name}.ipynb"
-                if path.exists():
+                reason = refusal(submissions, student, name)
+                if reason is not None:
+                    sheets[name].add(student, f"failed: {reason}", {}, sandboxed=not args.no_sandbox)
+                    continue
+                if os.path.lexists(path):
                     todo.append(name)
                     continue
                 folder = path.parent
-                others = sorted(p.name for p in folder.glob("*.ipynb")) if folder.is_dir() else []
+                others = (sorted(e.name for e in os.scandir(folder) if e.name.endswith(".ipynb"))
+                          if os.path.isdir(folder) and not os.path.islink(folder) else [])
                 status = f"failed: expected {name}.ipynb, found {', '.join(others)}" if others else "missing"
                 sheets[name].add(student, status, {}, sandboxed=not args.no_sandbox)
             if todo:
@@ -370,7 +479,7 @@ def grade(args):
         else:
             shutil.rmtree(tmp, ignore_errors=True)
     print(f"make grade: {done} notebook(s) in {hms(time.perf_counter() - t_start)}")
-    after = manifest([nbtools.ROOT, submissions, out], stat_only=[nbtools.ROOT / ".venv"],
+    after = manifest(watched(submissions, out), stat_only=stat_only(),
                      exclude=[out / f"{n}.csv" for n in names] + [out / "feedback"])
     diff = changes(protected, after)
     if diff:
@@ -387,7 +496,7 @@ def run_workers(queue, args, template, tmp, jobs, sheets, total, t_start):
     """Grade the queue's students ``jobs`` at a time, each in a forked worker; report as rows come."""
     ctx = multiprocessing.get_context("fork")      # the workers inherit the plans and views made here
     free = list(range(jobs))
-    running = {}                      # conn -> [process, student, names still to come, slot]
+    running = {}                      # conn -> [process, student, names still to come, slot, (name, started)]
     done = 0
     pending = list(queue)
     while pending or running:
@@ -398,10 +507,10 @@ def run_workers(queue, args, template, tmp, jobs, sheets, total, t_start):
             p = ctx.Process(target=_worker_main, args=(child, student, names, args, template, tmp, slot))
             p.start()
             child.close()
-            running[parent] = [p, student, list(names), slot]
-        multiprocessing.connection.wait(list(running) + [r[0].sentinel for r in running.values()], timeout=5)
+            running[parent] = [p, student, list(names), slot, (names[0], time.monotonic())]
+        multiprocessing.connection.wait(list(running) + [r[0].sentinel for r in running.values()], timeout=2)
         for conn in list(running):
-            p, student, names, slot = running[conn]
+            p, student, names, slot, (current, started) = running[conn]
             eof = False
             while not eof and conn.poll():
                 try:
@@ -409,9 +518,33 @@ def run_workers(queue, args, template, tmp, jobs, sheets, total, t_start):
                 except (EOFError, OSError):
                     eof = True
                     break
+                if not isinstance(msg, dict):
+                    continue
+                if "start" in msg:
+                    current, started = msg["start"], time.monotonic()
+                    running[conn][4] = (current, started)
+                    continue
                 names.remove(msg["assignment"])
                 done += 1
                 report(msg, sheets, done, total, t_start, args)
+            if p.is_alive() and not eof and names and time.monotonic() - started > args.notebook_s:
+                # one notebook's work, in the grader's worker and its sandbox, has outlived its limit:
+                # the worker goes (with its sandbox), the row says so, the student's other notebooks
+                # get a new worker and the rest of the class is graded
+                _kill_tree(p.pid)
+                p.join()
+                names.remove(current)
+                done += 1
+                report({"student": student, "assignment": current, "scores": {}, "seconds": args.notebook_s,
+                        "status": f"failed: grading this notebook took longer than {args.notebook_s} s (the "
+                                  "grader's time limit per notebook, inside and outside the sandbox); its "
+                                  "worker was stopped"}, sheets, done, total, t_start, args)
+                if names:
+                    pending.insert(0, (student, list(names)))
+                conn.close()
+                del running[conn]
+                free.append(slot)
+                continue
             if eof or not p.is_alive():
                 p.join()
                 for name in names:          # the worker died before grading these
@@ -423,6 +556,21 @@ def run_workers(queue, args, template, tmp, jobs, sheets, total, t_start):
                 del running[conn]
                 free.append(slot)
     return done
+
+
+def _kill_tree(pid):
+    """SIGKILL a worker and everything it started (its sandbox, a --no-sandbox kernel)."""
+    import psutil
+    try:
+        procs = [psutil.Process(pid)]
+        procs += procs[0].children(recursive=True)
+    except psutil.Error:
+        return
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
 
 
 def _worker_main(conn, student, names, args, template, tmp, slot):
@@ -448,10 +596,15 @@ def report(msg, sheets, done, total, t_start, args):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m preln.grade", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("submissions")
     ap.add_argument("--roster", default=None, help="CSV with a column `student` (or `id`)")
-    ap.add_argument("--out", default=str(nbtools.ROOT / "_build" / "grades"))
+    ap.add_argument("--out", default=str(nbtools.ROOT / "_build" / "grades" if nbtools.ROOT else Path("grades")),
+                    help="where the CSVs and feedback go (default: _build/grades in a clone, ./grades elsewhere)")
+    ap.add_argument("--course", default=None,
+                    help="the instructor edition: a folder with nbgrader_config.py and source/<name>/<name>.ipynb "
+                         f"(default: {nbtools.COURSE})")
     ap.add_argument("--assignment", action="append", default=None, help="grade only this assignment (repeatable)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="students graded at a time (default: cores)")
     ap.add_argument("--timeout", type=int, default=60, help="seconds per cell and per question's calls (default 60)")
@@ -459,13 +612,17 @@ def main(argv=None):
     ap.add_argument("--mem-mb", type=int, default=2048, help="address space of each process in the sandbox")
     ap.add_argument("--cpu-s", type=int, default=600, help="CPU seconds of each process in the sandbox")
     ap.add_argument("--total-mem-mb", type=int, default=4096, help="memory of a sandbox's processes together")
+    ap.add_argument("--notebook-s", type=int, default=1200,
+                    help="seconds of all the work on one notebook, in the grader and its sandbox (default 1200)")
     ap.add_argument("--no-sandbox", action="store_true", help="grade without bubblewrap (unprotected; rows say so)")
     ap.add_argument("--no-feedback", action="store_true", help="skip the HTML feedback")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder")
     ap.add_argument("--verbose", action="store_true", help="print timings and the grader's tracebacks")
     ap.add_argument("--bwrap", default="bwrap", help="the bubblewrap executable (default: bwrap on PATH)")
-    return grade(ap.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    args = ap.parse_args(argv)
+    if args.course:
+        try:
+            nbtools.use_course(args.course)
+        except ValueError as e:
+            ap.error(f"--{e}")
+    return grade(args)

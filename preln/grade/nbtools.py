@@ -1,33 +1,51 @@
 """Reading the course's nbgrader notebooks: assignments, questions, solution and hidden-test regions.
 
-Shared by release.py (make assignments), grade.py (make grade), mutate.py (make mutation) and
+Shared by release.py (make assignments), cli.py (make grade), mutate.py (make mutation) and
 tests/test_course*.py. The conventions are in assignments/CONVENTIONS.md.
+
+The instructor edition (``source/`` and ``nbgrader_config.py``) is ``preln/grade/edition/``: in a
+clone a link to the repository's ``assignments/``, in a wheel a copy of what grading needs (no
+``release/``). ``python -m preln.grade --course DIR`` grades against another one (a private fork).
 """
 from pathlib import Path
 from typing import NamedTuple
 
 import nbformat
 
-ROOT = Path(__file__).resolve().parents[2]
-COURSE = ROOT / "assignments"
+HERE = Path(__file__).resolve().parent
+#: the course directory: the clone's assignments/ (through the link), or the wheel's copy
+COURSE = (HERE / "edition").resolve()
 SOURCE = COURSE / "source"
 RELEASE = COURSE / "release"
+#: the repository when this is a clone (the package's parent holds pyproject.toml), else None
+_TOP = HERE.parents[1]
+ROOT = _TOP if (_TOP / "pyproject.toml").is_file() and (_TOP / "assignments").is_dir() else None
 
 BEGIN_SOLUTION, END_SOLUTION = "BEGIN SOLUTION", "END SOLUTION"
 BEGIN_HIDDEN, END_HIDDEN = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"
 
 
-def assignments(source=SOURCE):
+def use_course(course):
+    """Grade against another instructor edition (``--course DIR``: a directory with
+    ``nbgrader_config.py`` and ``source/<name>/<name>.ipynb``)."""
+    global COURSE, SOURCE, RELEASE
+    course = Path(course).resolve()
+    if not (course / "nbgrader_config.py").is_file() or not (course / "source").is_dir():
+        raise ValueError(f"course: expected a directory with nbgrader_config.py and source/, got {course}")
+    COURSE, SOURCE, RELEASE = course, course / "source", course / "release"
+
+
+def assignments(source=None):
     """Names of the assignments: every source/<name>/<name>.ipynb, sorted."""
-    return sorted(p.parent.name for p in Path(source).glob("*/*.ipynb") if p.stem == p.parent.name)
+    return sorted(p.parent.name for p in Path(source or SOURCE).glob("*/*.ipynb") if p.stem == p.parent.name)
 
 
-def source_path(name, source=SOURCE):
-    return Path(source) / name / f"{name}.ipynb"
+def source_path(name, source=None):
+    return Path(source or SOURCE) / name / f"{name}.ipynb"
 
 
-def release_path(name, release=RELEASE):
-    return Path(release) / name / f"{name}.ipynb"
+def release_path(name, release=None):
+    return Path(release or RELEASE) / name / f"{name}.ipynb"
 
 
 def read(path):
@@ -102,6 +120,13 @@ def regions(source, begin, end):
         elif inside:
             out.append((i, line))
     return out
+
+
+def without_hidden(source):
+    """``source`` without its hidden-test regions and their delimiter lines (one pass: linear)."""
+    hidden = {i for i, _ in regions(source, BEGIN_HIDDEN, END_HIDDEN)}
+    return "\n".join(ln for i, ln in enumerate(source.split("\n"))
+                     if i not in hidden and BEGIN_HIDDEN not in ln and END_HIDDEN not in ln)
 
 
 def secret_lines(nb):

@@ -1,6 +1,6 @@
 """Write the fixture class of tests/fixtures/course/: honest, wrong, cheating and hostile submissions.
 
-    python scripts/course/make_fixtures.py
+    python -m preln.grade.make_fixtures
 
 Every student starts from the released notebook; the honest ones fill in answers, the cheats keep
 the stubs and try to get credit anyway, the hostile ones try to break the grading run. The
@@ -43,6 +43,11 @@ book/running.md's threat model lists the attacks. derivation_ops:
   tina    the solutions, and child processes that allocate memory until the sandbox's total
           memory cap kills the run                                 -> failed (this row only)
   victor  the solutions, and a top-level infinite loop             -> the cell is skipped -> full marks
+  xavier  its notebook is a relative symlink to the instructor's source notebook -> failed: refused
+  yara    its notebook is a symlink to alice's                     -> failed: refused
+  zack    its whole folder is a symlink to alice's (int8 too)      -> failed: refused
+  (FIFOs, sockets, devices and hard links, which git cannot hold, are made by
+  tests/test_course_refusals.py at test time.)
 
 int8: alice (solutions), kim (other styles: amax * (1 / 127), an int64 einsum, loops, GPTQ's
 step from a re-inverted Hessian instead of the Cholesky factor), liam
@@ -55,7 +60,7 @@ import shutil
 
 import nbformat
 
-import nbtools
+from . import nbtools
 
 OUT = nbtools.ROOT / "tests" / "fixtures" / "course"
 
@@ -122,7 +127,7 @@ for d in list(sys.path) + [os.getcwd()]:
         except Exception:
             pass
 for guess in places:
-    for rel in ("assignments/source/derivation_ops/derivation_ops.ipynb", "scripts/course/grade.py",
+    for rel in ("assignments/source/derivation_ops/derivation_ops.ipynb", "preln/grade/cli.py",
                 "preln/course.py", "assignments/nbgrader_config.py"):
         try:
             (guess / rel).write_text("# mallory was here\n")
@@ -531,8 +536,13 @@ def expected(name, source):
             "rita": (but(q1=1), "ok"), "sam": (full, "ok"),
             "tina": (None, "failed: the notebook's processes held more than"),
             "victor": (full, "ok"),
+            # links are refused (lstat, never followed): to the instructor's source, to a classmate's
+            # notebook, a student folder that is a link
+            "xavier": (None, "failed: refused: derivation_ops.ipynb is a symbolic link"),
+            "yara": (None, "failed: refused: derivation_ops.ipynb is a symbolic link"),
+            "zack": (None, "failed: refused: the student's folder is a symbolic link"),
         }
-    return {"alice": (full, "ok"), "kim": (full, "ok"), "liam": (full, "ok"), "judy": (zero, "ok"),
+    return {"zack": (None, "failed: refused: the student's folder is a symbolic link"), "alice": (full, "ok"), "kim": (full, "ok"), "liam": (full, "ok"), "judy": (zero, "ok"),
             "wendy": (but(q3=1), "ok"), "mallory": (zero, "ok"), "oscar": (zero, "ok"),
             "peggy": (zero, "ok")}
 
@@ -565,7 +575,16 @@ def main():
     frank = subs / "frank" / "derivation_ops" / "derivation_ops.ipynb"
     frank.parent.mkdir(parents=True)
     nbformat.write(stripped, str(frank))
-    roster |= {"erin", "frank", "heidi"}
+    # links (git keeps them): the instructor's source (six levels up is the repository), a classmate's
+    # notebook, a whole folder that is a classmate's
+    for student, target in (("xavier", "../../../../../../assignments/source/derivation_ops/derivation_ops.ipynb"),
+                            ("yara", "../../alice/derivation_ops/derivation_ops.ipynb")):
+        link = subs / student / "derivation_ops" / "derivation_ops.ipynb"
+        link.parent.mkdir(parents=True)
+        link.symlink_to(target)
+        assert link.resolve().is_file(), link
+    (subs / "zack").symlink_to("alice", target_is_directory=True)
+    roster |= {"erin", "frank", "heidi", "xavier", "yara", "zack"}
     (subs / ".hostile").write_text("These submissions attack the grader: grade them sandboxed only "
                                    "(make grade refuses --no-sandbox here).\n")
     (OUT / "roster.csv").write_text("student\n" + "\n".join(sorted(roster)) + "\n")
@@ -573,7 +592,7 @@ def main():
     old = OUT / "expected" / "derivation_ops.csv"
     if old.exists():
         shutil.rmtree(old.parent)
-    print(f"wrote {sum(1 for _ in subs.glob('*/*/*.ipynb'))} submissions, roster.csv and expected.json "
+    print(f"wrote {sum(1 for _ in subs.glob('*/*/*.ipynb'))} submissions (links included), roster.csv and expected.json "
           f"into {OUT.relative_to(nbtools.ROOT)}")
 
 

@@ -13,8 +13,11 @@ gradebook, the CSVs and other students' files are simply not there.
 
 Inside, grader_runner.py caps every process (address space ``mem_mb``, CPU ``cpu_s``, ``nproc``
 processes, file size) — as root the grader runs bwrap privileged and the runner drops to an
-unprivileged uid of its own (``uid_base`` + the worker's pid mod 30000) first, since RLIMIT_NPROC
-does not bind root and counts per uid.
+unprivileged uid of its own first, since RLIMIT_NPROC does not bind root and counts per uid: a new
+one per sandbox (:func:`next_uid`, a counter shared by every grader on the host, under a lock), so
+no two sandboxes, concurrent or of one run, share a uid; and the runner then clears that uid's
+user keyrings and joins a new session keyring, so nothing a sandbox stores in a keyring reaches
+a later one.
 Outside, a watchdog kills the whole sandbox when its processes together hold more than
 ``total_mem_mb`` of memory, or when it runs longer than ``wall_s``. The only thing read back is the
 runner's JSON document on the sandbox's standard output (at most ``max_result_mb``).
@@ -49,7 +52,7 @@ class Settings:
     max_sessions: int = 4           # kernels started (restarts after a death or a timeout)
     max_result_mb: int = 64         # what the sandbox may send back
     sandbox: bool = True            # False: --no-sandbox (same runner, no namespaces)
-    uid_base: int = 60000           # as root: the sandbox runs as uid_base + (worker pid mod 30000)
+    uid_base: int = 60000           # as root: each sandbox runs as a new uid in [uid_base, uid_base + UID_SPAN)
     bwrap: str = "bwrap"
 
 
@@ -128,6 +131,12 @@ def bwrap_command(job_dir, view_dir, lib_dir, settings, privileged):
         if str(root).startswith("/usr/"):
             continue
         args += _dirs_for(root, made) + ["--ro-bind", str(root), str(root)]
+    # preln installed from a wheel lies inside the environment bound above, with the whole package
+    # (the implementations a view withholds) and preln/grade/edition (the solutions): hide it; the
+    # question's view on PYTHONPATH is the only preln there
+    from .views import PACKAGE
+    if any(PACKAGE == r or r in PACKAGE.parents for r in _python_roots()):
+        args += ["--tmpfs", str(PACKAGE)]
     args += ["--perms", "0755", "--dir", "/grader"]
     args += ["--ro-bind", str(view_dir), "/grader/view", "--ro-bind", str(lib_dir), "/grader/lib",
              "--ro-bind", str(job_dir), "/job",
@@ -165,6 +174,33 @@ def probe(settings=None):
     return None
 
 
+UID_SPAN = 30000
+UID_COUNTER = Path("/run/lock") if Path("/run/lock").is_dir() else Path("/tmp")
+
+
+def next_uid(base, counter=None):
+    """A uid no other sandbox on this host has now: the next of a counter (a root-only file, under
+    flock) shared by every grader process, so it repeats only after UID_SPAN sandboxes."""
+    import fcntl
+    path = Path(counter or UID_COUNTER / "preln-grader-uid")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        raw = os.read(fd, 32).decode(errors="replace").strip()
+        n = int(raw) if raw.isdigit() else 0
+        while True:
+            n = (n + 1) % UID_SPAN
+            uid = base + n
+            if uid != 65534:                                # not nobody's
+                break
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.ftruncate(fd, 0)
+        os.write(fd, str(n).encode())
+    finally:
+        os.close(fd)
+    return uid
+
+
 def runner_spec(settings, cells, questions, slot, privileged):
     mem = settings.mem_mb * 2 ** 20
     limits = {"RLIMIT_AS": mem, "RLIMIT_CPU": settings.cpu_s, "RLIMIT_NPROC": settings.nproc,
@@ -175,8 +211,7 @@ def runner_spec(settings, cells, questions, slot, privileged):
     if privileged and settings.sandbox:
         # a uid of this worker's own (from its pid, unique among the processes alive): the process
         # limit counts per uid, so concurrent sandboxes, of this run or of another, never share it
-        uid = settings.uid_base + os.getpid() % 30000
-        uid += uid == 65534                                  # not nobody's
+        uid = next_uid(settings.uid_base)
     
     return {"cells": cells, "questions": questions, "cell_timeout": settings.cell_timeout,
             "max_sessions": settings.max_sessions, "rlimits": limits, "uid": uid, "gid": uid,
@@ -238,6 +273,12 @@ def run_job(job_dir, view_dir, lib_dir, settings, slot=0):
     (job_dir / "spec.json").write_text(json.dumps(spec))
     for p in [job_dir, *job_dir.rglob("*")]:
         os.chmod(p, 0o755 if p.is_dir() else 0o644)
+    if privileged and settings.sandbox:
+        # the hidden calls' inputs: readable by the runner while it is still root, then handed to
+        # the capture cells only after the student's cells have run (no cell can print them)
+        os.chmod(job_dir / "calls", 0o700)
+        for p in (job_dir / "calls").iterdir():
+            os.chmod(p, 0o600)
     if settings.sandbox:
         cmd = bwrap_command(job_dir, view_dir, lib_dir, settings, privileged)
         env, cwd, scratch = None, None, None

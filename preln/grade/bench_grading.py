@@ -1,13 +1,13 @@
 """make bench-grading: how long `make grade` takes per notebook, for a whole class.
 
-    python scripts/course/bench_grading.py [--students 100] [--jobs 1 2] [--assignment NAME ...]
+    python -m preln.grade.bench_grading [--students 100] [--jobs 1 2] [--assignment NAME ...]
                                            [--keep DIR] [--no-feedback]
 
 Writes a class of ``--students`` fixture students outside the repository (a temporary folder):
 every student hands in every assignment, each answer cell filled, by a fixed seed, from the
 solution (most answers), left as the stub, or replaced by a wrong answer (a mutant of the
 solution, as `make mutation` makes them) — roughly what a real class hands in. The class is then
-graded by scripts/course/grade.py, sandboxed, with feedback, once per ``--jobs`` value (the whole
+graded by python -m preln.grade, sandboxed, with feedback, once per ``--jobs`` value (the whole
 class each time, into a fresh output folder). Prints a table: notebooks, wall seconds, seconds per
 notebook, notebooks per hour, and the machine's load average before and after (the machine may be
 shared: the numbers are what this machine did then, not a property of the grader alone).
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import nbformat
 
-import mutate
-import nbtools
+from . import mutate
+from . import nbtools
 
 
 def make_class(root, n_students, names, seed=0):
@@ -97,7 +97,7 @@ def main(argv=None):
         out = root / f"grades-jobs{jobs}"
         shutil.rmtree(out, ignore_errors=True)
         before = load()
-        cmd = [sys.executable, str(Path(__file__).with_name("grade.py")), str(cls), "--out", str(out),
+        cmd = [sys.executable, "-m", "preln.grade", str(cls), "--out", str(out),
                "--jobs", str(jobs)] + (["--no-feedback"] if args.no_feedback else [])
         for name in names:
             cmd += ["--assignment", name]

@@ -27,6 +27,11 @@ T_START = time.monotonic()
 JOB = os.environ.get("PRELN_GRADER_JOB", "/job")
 OUT = os.environ.get("PRELN_GRADER_OUT", "/work/.grader-out")
 MAX_RESULT_FILE = 80 * 2 ** 20
+#: what a cell's outputs keep, per text field and in all, and the notebook's outputs in all: a long
+#: debugging print is cut (and says so), it does not fail the notebook
+MAX_TEXT, MAX_CELL_OUTPUT, MAX_OUTPUTS = 64 * 1024, 256 * 1024, 8 * 2 ** 20
+#: seconds an interrupted kernel has to answer again before it is restarted
+RECOVER_S = 10
 
 
 def drop_privileges(uid, gid):
@@ -35,6 +40,39 @@ def drop_privileges(uid, gid):
     os.setuid(uid)
     if os.getuid() != uid or os.geteuid() != uid:
         raise SystemExit("grader_runner: could not drop privileges")
+
+
+#: keyctl(2): the syscall's number per machine, and the operations used
+_SYS_KEYCTL = {"x86_64": 250, "aarch64": 219, "ppc64le": 311, "s390x": 280}
+KEYCTL_JOIN_SESSION_KEYRING, KEYCTL_CLEAR = 1, 7
+KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING = -4, -5
+
+
+def fresh_keyrings():
+    """Clear this uid's user keyrings (what an earlier sandbox with the uid may have left there) and
+    join a new anonymous session keyring; a list of what could not be done (no keyctl: nothing to
+    reach either)."""
+    import ctypes
+    import platform
+    nr = _SYS_KEYCTL.get(platform.machine())
+    if nr is None:
+        return [f"keyctl: unknown on {platform.machine()}"]
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    notes = []
+    for args in ((KEYCTL_CLEAR, KEY_SPEC_USER_KEYRING), (KEYCTL_CLEAR, KEY_SPEC_USER_SESSION_KEYRING),
+                 (KEYCTL_JOIN_SESSION_KEYRING, None)):
+        if libc.syscall(ctypes.c_long(nr), ctypes.c_long(args[0]),
+                        ctypes.c_long(args[1]) if args[1] is not None else ctypes.c_void_p(None)) < 0:
+            notes.append(f"keyctl {args}: errno {ctypes.get_errno()}")
+    return notes
+
+
+def hand_over(calls, dest):
+    os.makedirs(dest, mode=0o700, exist_ok=True)
+    for name, data in calls.items():
+        with open(os.path.join(dest, name), "wb") as f:
+            f.write(data)
 
 
 def set_limits(limits):
@@ -56,8 +94,9 @@ def write_kernelspec(python, extra_env):
 class Session:
     """One kernel: execute cells until it dies or a cell times out."""
 
-    def __init__(self, nb, timeout):
+    def __init__(self, nb, timeout, probe_index):
         from nbclient import NotebookClient
+        self.probe_index = probe_index             # a `pass` cell at the end: is the kernel back?
         self.client = NotebookClient(nb, kernel_name="grader", timeout=timeout, allow_errors=True,
                                      interrupt_on_timeout=False, record_timing=False,
                                      shutdown_kernel="immediate", startup_timeout=120,
@@ -72,12 +111,57 @@ class Session:
         try:
             self.client.execute_cell(cell, index)
         except CellTimeoutError:
-            return "timeout"
+            # interrupt the cell (KeyboardInterrupt in the kernel) and keep the kernel, its state and
+            # the rest of the notebook: a slow experiment costs its cell, not a kernel session
+            return "timeout" if self.recover(timeout) else "timeout_stuck"
         except DeadKernelError:
             return "died"
         except Exception as e:                              # noqa: BLE001: a broken channel, say
             return "died" if "kernel" in str(e).lower() else "error"
         return "error" if any(o.get("output_type") == "error" for o in cell.get("outputs", [])) else "ok"
+
+    def recover(self, timeout):
+        from nbclient.util import run_sync
+        try:
+            run_sync(self.client.km.interrupt_kernel)()
+            self.client.timeout = RECOVER_S
+            probe = self.client.nb.cells[self.probe_index]
+            self.client.execute_cell(probe, self.probe_index)
+            return True
+        except Exception:                                   # noqa: BLE001: it did not come back
+            return False
+        finally:
+            if timeout is not None:
+                self.client.timeout = timeout
+
+
+def truncate(outputs, budget):
+    """The outputs with every text field cut to MAX_TEXT, the cell's to MAX_CELL_OUTPUT and the
+    notebook's to what is left of ``budget`` (a one-item list), each cut saying how much it left out."""
+    allowance = min(MAX_CELL_OUTPUT, budget[0])
+    left = [allowance]
+
+    def cut(text):
+        keep = max(0, min(MAX_TEXT, left[0]))
+        if len(text) <= keep:
+            left[0] -= len(text)
+            return text
+        left[0] -= keep
+        return text[:keep] + f"\n[... {len(text) - keep} more characters not kept by the grader]\n"
+
+    out = []
+    for o in outputs:
+        o = dict(o)
+        for key in ("text", "evalue"):
+            if isinstance(o.get(key), str):
+                o[key] = cut(o[key])
+        if isinstance(o.get("traceback"), list):
+            o["traceback"] = [cut(str(line)) for line in o["traceback"][:200]]
+        if isinstance(o.get("data"), dict):
+            o["data"] = {k: cut(v) if isinstance(v, str) else v for k, v in o["data"].items()}
+        out.append(o)
+    budget[0] -= allowance - left[0]
+    return out
 
 
 def main():
@@ -90,8 +174,17 @@ def main():
     log = os.open(os.path.join(os.environ.get("PRELN_GRADER_TMP", "/tmp"), "grader-runner.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(log, 1)                                # the kernel inherits 1 and 2: the log, not the channel
     os.dup2(log, 2)
+    calls = None
     if spec.get("uid") is not None:
+        # root still: read the calls (root-only files) now; they reach the kernel's reach only when
+        # the capture cells run, after every student cell (whose outputs feedback shows)
+        calls = {}
+        for name in os.listdir(os.path.join(JOB, "calls")):
+            with open(os.path.join(JOB, "calls", name), "rb") as f:
+                calls[name] = f.read()
         drop_privileges(spec["uid"], spec["gid"])
+        os.environ["PRELN_GRADER_CALLS"] = os.path.join(os.environ.get("PRELN_GRADER_TMP", "/tmp"), "calls")
+    key_notes = fresh_keyrings() if spec.get("sandboxed") else []
     set_limits(spec["rlimits"])
     os.makedirs(OUT, exist_ok=True)
     write_kernelspec(sys.executable, {})
@@ -105,6 +198,9 @@ def main():
         capture_at[q] = len(nb.cells)
         nb.cells.append(nbformat.v4.new_code_cell(
             f"import grader_capture as _grader_capture\n_grader_capture.run({q!r}, globals())"))
+    probe_index = len(nb.cells)
+    nb.cells.append(nbformat.v4.new_code_cell("pass"))
+    budget = [MAX_OUTPUTS]
     cell_timeout, max_sessions = spec["cell_timeout"], spec["max_sessions"]
     status = {}                                    # cell index -> ok / error / timeout / died
     outputs = {}
@@ -114,7 +210,7 @@ def main():
     marks = {"imports": t0 - T_START}
     sessions = 0
     finished = False
-    notes = []
+    notes = list(key_notes)
     while sessions < max_sessions and not finished:
         sessions += 1
         if sessions > 1 and spec.get("sandboxed"):
@@ -126,7 +222,7 @@ def main():
                 pass
             time.sleep(0.2)
         try:
-            session = Session(nb, cell_timeout)
+            session = Session(nb, cell_timeout, probe_index)
             broke = False
             with session.client.setup_kernel():
                 marks.setdefault("kernel_started", time.monotonic() - t0)
@@ -135,25 +231,31 @@ def main():
                         continue
                     cell = nb.cells[i]
                     st = session.run(cell, i)
+                    cell.outputs = truncate(cell.get("outputs", []), budget) if i not in status else []
                     if i not in status:                # the first run of a cell is the one reported
-                        status[i] = st
-                        outputs[i] = cell.get("outputs", [])
-                    if st in ("timeout", "died"):
+                        status[i] = "timeout" if st == "timeout_stuck" else st
+                        outputs[i] = cell.outputs
+                    if st == "timeout":
+                        skip.add(i)                    # interrupted, the kernel went on: not run again
+                    if st in ("timeout_stuck", "died"):
                         skip.add(i)
                         broke = True
                         break
                 if broke:
                     continue
                 marks.setdefault("cells_done", time.monotonic() - t0)
+                if calls is not None:
+                    hand_over(calls, os.environ["PRELN_GRADER_CALLS"])
+                    calls = None
                 for q in questions:
                     if q in q_status:
                         continue
                     capture = nb.cells[capture_at[q]]
                     st = session.run(capture, capture_at[q], timeout=cell_timeout + 15)
-                    q_status[q] = {"ok": "done", "error": "capture_error"}.get(st, st)
+                    q_status[q] = {"ok": "done", "error": "capture_error", "timeout_stuck": "timeout"}.get(st, st)
                     if st == "error":
                         q_status[q] = "capture_error:" + _error_text(capture)
-                    if st in ("timeout", "died"):
+                    if st in ("timeout_stuck", "died"):
                         broke = True
                         break
                 finished = not broke

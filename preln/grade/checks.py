@@ -25,10 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-import nbtools
-import namecheck
-import views
-import wire
+from . import nbtools
+from . import namecheck
+from . import views
+from . import wire
 
 import preln.course as api
 

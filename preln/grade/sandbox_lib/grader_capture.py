@@ -22,6 +22,8 @@ import numpy as np
 import wire
 
 JOB = os.environ.get("PRELN_GRADER_JOB", "/job")
+#: where the runner puts the question's calls once the student's cells have run
+CALLS = os.environ.get("PRELN_GRADER_CALLS", os.path.join(JOB, "calls"))
 OUT = os.environ.get("PRELN_GRADER_OUT", "/work/.grader-out")
 
 
@@ -58,7 +60,7 @@ def _bundle_result(value):
 
 
 def run(question, namespace, call_timeout=None, budget=None):
-    with open(os.path.join(JOB, "calls", f"{question}.json")) as f:
+    with open(os.path.join(CALLS, f"{question}.json")) as f:
         spec = json.load(f)
     call_timeout = call_timeout or spec.get("call_timeout", 10)
     deadline = time.monotonic() + (budget or spec.get("budget", 50))

@@ -7,26 +7,59 @@ credit from an answer that names a reference the question declares with ``no_cre
 attribute (``preln.ops.softmax``), import (``from preln.ops import softmax as sm``), a global
 bound to one, or a string (``getattr(m, "soft" + "max")``, constant-folded) — in the answer or in
 any function, class or global of the notebook it refers to. A forbidden name that is the student's
-own function (their ``softmax``) is fine.
+own (their ``softmax`` function, a ``rotate_half = lambda ...``), or an attribute of a module that
+is not preln's (``scipy.special.softmax``, ``np.exp``) is fine: only preln's functions are flagged.
+Linear in the cell's size: a cell is tokenised once (IPython syntax, magics and ``!commands``,
+becomes ``pass`` line by line) and parsed once.
 """
 import ast
 import functools
+import tokenize
 
 MAX_SOURCE = 2_000_000
 
-
-@functools.lru_cache(maxsize=1)
-def _manager():
-    from IPython.core.inputtransformer2 import TransformerManager
-    return TransformerManager()
+_SKIP = {tokenize.INDENT, tokenize.DEDENT, tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.ENDMARKER}
+_ESCAPES = {"%", "%%", "!", "!!", "?", "??"}
 
 
 def _python(source):
-    """The cell's source with IPython syntax (magics, !commands) turned into Python."""
+    """The cell's source with IPython syntax made Python: a cell magic's cell is empty (its body is
+    a string to IPython), each logical line that is a line magic, a shell escape or a help request
+    becomes ``pass``, ``x = %magic`` / ``x = !cmd`` becomes ``x = None``. One tokenisation (IPython's
+    tolerant tokeniser, grouped by logical line), not IPython's transform_cell, which re-tokenises
+    the cell once per magic."""
     try:
-        return _manager().transform_cell(source)
+        ast.parse(source)
+        return source
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        pass
+    lines = source.splitlines(True)
+    if not lines or lines[0].lstrip().startswith("%%"):
+        return ""
+    from IPython.core.inputtransformer2 import make_tokens_by_line
+    out = list(lines)
+    try:
+        logical = make_tokens_by_line(lines)
     except Exception:                                       # noqa: BLE001: leave it as it is
         return source
+    for toks in logical:
+        toks = [t for t in toks if t.type not in _SKIP and t.string.strip()]
+        if not toks:
+            continue
+        row, last = toks[0].start[0] - 1, toks[-1].end[0] - 1
+        if not 0 <= row <= last < len(lines):
+            continue
+        indent = lines[row][:len(lines[row]) - len(lines[row].lstrip())]
+        if toks[0].string in _ESCAPES or toks[-1].string in ("?", "??"):
+            new = f"{indent}pass\n"
+        elif len(toks) > 2 and toks[1].string == "=" and toks[2].string in _ESCAPES and toks[0].type == tokenize.NAME:
+            new = f"{indent}{toks[0].string} = None\n"
+        else:
+            continue
+        out[row] = new
+        for r in range(row + 1, last + 1):
+            out[r] = "\n"
+    return "".join(out)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -54,6 +87,23 @@ def _fold(node):
                 return None
         return "".join(parts)
     return None
+
+
+def _imported_from(node, name):
+    """The modules an import statement binds ``name`` from ('preln.ops' for ``from preln.ops import
+    softmax as name``), or None if the statement does not bind it."""
+    if isinstance(node, ast.Import):
+        mods = [a.name for a in node.names if (a.asname or a.name.split(".")[0]) == name]
+    elif isinstance(node, ast.ImportFrom):
+        base = "." * node.level + (node.module or "")
+        mods = [f"{base}.{a.name}" for a in node.names if (a.asname or a.name) == name]
+    else:
+        return None
+    return mods or None
+
+
+def _is_preln(module):
+    return module.startswith(".") or module.split(".")[0] == "preln"
 
 
 class _Module:
@@ -125,6 +175,15 @@ def forbidden_uses(sources, answers, references):
     found = set()
     seen = set()
     todo = [module.defs[a] for a in answers if a in module.defs]
+
+    def other_module(name, node):
+        """True if ``name`` is bound, in ``node`` or at the notebook's top level, only by imports of
+        modules that are not preln (numpy, scipy.special, ...): its attributes are not preln's."""
+        binds = [n for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom))
+                 and _imported_from(n, name)] + module.bindings.get(name, [])
+        mods = [_imported_from(b, name) for b in binds]
+        return bool(mods) and all(m is not None and not any(_is_preln(x) for x in m) for m in mods)
+
     while todo:
         node = todo.pop()
         if id(node) in seen:
@@ -138,13 +197,19 @@ def forbidden_uses(sources, answers, references):
                     continue
                 for b in module.bindings.get(sub.id, []):
                     todo.append(b)
-                if sub.id in forbidden:
-                    found.add(f"{sub.id} (a global that is not the notebook's own function)")
+                if sub.id in forbidden and sub.id not in module.bindings:
+                    # bound nowhere in the notebook: from a star import, or preln's by another way
+                    found.add(f"{sub.id} (a name the notebook does not define)")
             elif isinstance(sub, ast.Attribute) and sub.attr in forbidden:
-                found.add(f"{sub.attr} (an attribute)")
+                root = sub.value
+                while isinstance(root, ast.Attribute):
+                    root = root.value
+                if not (isinstance(root, ast.Name) and other_module(root.id, node)):
+                    found.add(f"{sub.attr} (an attribute)")
             elif isinstance(sub, (ast.Import, ast.ImportFrom)):
                 for a in sub.names:
-                    if a.name.split(".")[-1] in forbidden:
+                    mod = ("." * sub.level + (sub.module or "") + "." + a.name) if isinstance(sub, ast.ImportFrom) else a.name
+                    if a.name.split(".")[-1] in forbidden and _is_preln(mod):
                         found.add(f"{a.name.split('.')[-1]} (imported)")
             elif isinstance(sub, (ast.Constant, ast.BinOp, ast.JoinedStr)):
                 value = _fold(sub)

@@ -1,0 +1,154 @@
+"""Decode speed of SmolLM2-135M: preln's float32 Llama blocks against torch eager, and both against
+the memory-bandwidth bound.
+
+    python -m preln.gguf.bench [--prompt 32] [--new 32] [--rounds 5]
+
+Batch 1, one thread (BLAS and torch), float32. Each round decodes ``--new`` tokens greedily after a
+``--prompt``-token prefill, once with preln (``lm.decode`` with its KV cache) and once with
+transformers' LlamaForCausalLM (eager attention, its DynamicCache, the same loop under
+``torch.inference_mode``); the two alternate round by round, so a busy machine slows both alike.
+Tokens/s is the median over rounds of n_new / (time of the n_new decode steps).
+
+Bytes per decoded token: every weight once (the tied head counted once: it is the embedding's
+matrix, read for the head's product; the embedding's lookup reads one row) plus the KV cache read at
+that position, 2 L H_kv d_h t 4 bytes, averaged over the decoded positions. The bound is the
+measured read bandwidth (the best of ``a.sum()`` over a 256 MiB float32 array, one thread) divided
+by those bytes.
+"""
+import argparse
+import contextlib
+import io
+import time
+
+import numpy as np
+
+from preln.blas import blas_threads
+from preln.gguf.model import load, smollm2_path
+
+__all__ = ["read_bandwidth", "bytes_per_token", "preln_decode_seconds", "torch_decode_seconds", "run", "main"]
+
+PROMPT = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
+          "combined movable metal type, oil-based ink and a screw press into a system that")
+
+
+def read_bandwidth(nbytes=256 * 2**20, repeats=5):
+    """Bytes/s that one thread reads from memory: best time of summing a float32 array of nbytes."""
+    a = np.ones(int(nbytes) // 4, np.float32)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a.sum()
+        best = min(best, time.perf_counter() - t)
+    return a.nbytes / best
+
+
+def bytes_per_token(lm, prompt_len, n_new, itemsize=4):
+    """(weight bytes, mean KV bytes) read per decoded token (see the module docstring)."""
+    cfg = lm.config
+    weights = lm.num_params() * itemsize
+    per_position = 2 * cfg.n_layers * cfg.n_kv_heads * (cfg.d_model // cfg.n_heads) * itemsize
+    positions = np.arange(prompt_len, prompt_len + n_new) + 1          # keys read at each step
+    return weights, float(per_position * positions.mean())
+
+
+def preln_decode_seconds(lm, prompt, n_new):
+    """Seconds of n_new greedy decode steps after the prefill of ``prompt``; and the tokens."""
+    kv = lm.kv_cache(1, len(prompt) + n_new)
+    nxt = int(lm.decode(np.array([prompt]), kv)[0, -1].argmax())
+    out = [nxt]
+    t = time.perf_counter()
+    for _ in range(n_new):
+        nxt = int(lm.decode(np.array([[nxt]]), kv)[0, -1].argmax())
+        out.append(nxt)
+    return time.perf_counter() - t, out[:-1]
+
+
+def torch_decode_seconds(model, prompt, n_new):
+    """The same loop with transformers' model and its DynamicCache."""
+    import torch
+    from transformers import DynamicCache
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        logits = model(input_ids=torch.tensor([prompt]), past_key_values=cache, use_cache=True).logits
+        nxt = int(logits[0, -1].argmax())
+        out = [nxt]
+        t = time.perf_counter()
+        for _ in range(n_new):
+            logits = model(input_ids=torch.tensor([[nxt]]), past_key_values=cache, use_cache=True).logits
+            nxt = int(logits[0, -1].argmax())
+            out.append(nxt)
+        return time.perf_counter() - t, out[:-1]
+
+
+def torch_model(path):
+    """transformers' float32 LlamaForCausalLM from the GGUF at ``path``, eager attention; or None
+    with the reason when torch or transformers is not installed."""
+    try:
+        import torch
+        import transformers
+    except ImportError as e:
+        return None, f"torch eager not measured: {e.name} is not installed (test-only reference)"
+    torch.set_num_threads(1)
+    with contextlib.redirect_stderr(io.StringIO()):             # its GGUF conversion's progress bar
+        model = transformers.LlamaForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32, attn_implementation="eager")
+    return model.eval(), None
+
+
+def run(prompt_len=32, n_new=32, rounds=5, path=None):
+    """Measure and return the rows: {name: {"tok_s", "bound_frac"}}, with the bytes and bandwidth."""
+    path = smollm2_path() if path is None else path
+    lm = load(path, dtype=np.float32)
+    prompt = lm.tokenizer.encode(PROMPT)
+    prompt = (prompt * (prompt_len // len(prompt) + 1))[:prompt_len]
+    model, why = torch_model(path)
+    times = {"preln": [], "torch eager": []}
+    tokens = {}
+    with blas_threads(1):
+        preln_decode_seconds(lm, prompt, 2)                            # warm-up: numba's compilation
+        if model is not None:
+            torch_decode_seconds(model, prompt, 2)
+        for _ in range(rounds):
+            s, tokens["preln"] = preln_decode_seconds(lm, prompt, n_new)
+            times["preln"].append(s)
+            if model is not None:
+                s, tokens["torch eager"] = torch_decode_seconds(model, prompt, n_new)
+                times["torch eager"].append(s)
+        bandwidth = read_bandwidth()
+    weights, kv = bytes_per_token(lm, prompt_len, n_new)
+    bound = bandwidth / (weights + kv)
+    rows = {name: {"tok_s": n_new / float(np.median(t)), "bound_frac": n_new / float(np.median(t)) / bound}
+            for name, t in times.items() if t}
+    return {"rows": rows, "weights": weights, "kv": kv, "bandwidth": bandwidth, "bound": bound,
+            "why": why, "same_tokens": tokens.get("preln") == tokens.get("torch eager"),
+            "prompt_len": prompt_len, "n_new": n_new, "rounds": rounds}
+
+
+def report(r):
+    lines = [f"SmolLM2-135M decode, batch 1, one thread, float32: prompt {r['prompt_len']} tokens, "
+             f"{r['n_new']} decoded, median of {r['rounds']} interleaved rounds",
+             f"bytes per decoded token: weights {r['weights'] / 1e6:.1f} MB + KV {r['kv'] / 1e6:.2f} MB; "
+             f"read bandwidth {r['bandwidth'] / 1e9:.2f} GB/s -> bound {r['bound']:.1f} tokens/s",
+             "", f"{'':14s} {'tokens/s':>9s} {'of bound':>9s} {'vs torch':>9s}"]
+    ref = r["rows"].get("torch eager", {}).get("tok_s")
+    for name, row in r["rows"].items():
+        ratio = f"{row['tok_s'] / ref:8.2f}x" if ref else "      n/a"
+        lines.append(f"{name:14s} {row['tok_s']:9.2f} {100 * row['bound_frac']:8.1f}% {ratio}")
+    if r["why"]:
+        lines.append(r["why"])
+    elif not r["same_tokens"]:
+        lines.append("note: the greedy tokens differ (float32 round-off between the two)")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m preln.gguf.bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--prompt", type=int, default=32, help="prompt tokens before the decode")
+    ap.add_argument("--new", type=int, default=32, help="tokens decoded per round")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median)")
+    args = ap.parse_args(argv)
+    print(report(run(args.prompt, args.new, args.rounds)))
+
+
+if __name__ == "__main__":
+    main()
