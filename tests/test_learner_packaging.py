@@ -105,8 +105,11 @@ def notebook_imports(path):
     return set().union(*(imported_modules(c.source) for c in nb.cells if c.cell_type == "code"))
 
 
-def package_imports():
-    return set().union(*(imported_modules(p.read_text()) for p in (ROOT / "preln").rglob("*.py")))
+def package_imports(grader=False):
+    """Third-party imports of the package; the grader's (preln/grade/, the `course` extra) apart."""
+    grade = ROOT / "preln" / "grade"
+    return set().union(*(imported_modules(p.read_text()) for p in (ROOT / "preln").rglob("*.py")
+                         if (grade in p.parents) == grader))
 
 
 def third_party(mods):
@@ -154,6 +157,24 @@ def test_notebooks_extra_covers_every_import_of_the_chapters_and_assignments():
             missing[mod] = sorted(set(where))
     assert not missing, (f"imported but not installed by preln[notebooks] (nor by what it requires): {missing}; "
                          "add them to pyproject.toml's dependencies or the notebooks extra")
+
+
+def test_course_extra_covers_the_graders_imports():
+    """preln/grade/ runs with preln[course]: its imports beyond the notebooks' closure come with
+    nbgrader (checked against the installed closure where nbgrader is installed, as in test-course)."""
+    names = {canonicalize_name(r.name) for r in extra("course")}
+    assert "nbgrader" in names
+    dists = metadata.packages_distributions()
+    provided = requirement_closure(dependencies() + extra("course"))
+    # sandbox_lib/'s modules run in the sandbox as standalone files and import wire, grader_capture
+    local = {q.stem for q in (ROOT / "preln" / "grade").rglob("*.py")}
+    for mod in sorted(third_party(package_imports(grader=True)) - local):
+        found = {canonicalize_name(d) for d in dists.get(mod, [])}
+        if not found:
+            assert mod == "nbgrader", f"{mod} (imported by preln/grade/) is not installed here"
+            continue
+        if "nbgrader" in {canonicalize_name(d.metadata["Name"]) for d in metadata.distributions()}:
+            assert found & provided, f"{mod} (imported by preln/grade/) is not installed by preln[course]"
 
 
 def test_notebooks_extra_is_what_running_the_chapters_needs_and_no_more():
