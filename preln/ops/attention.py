@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 
 from preln.precision import SAFE, compute_dtype, matmul, no_watch
-from preln.ops import fused as _fused
+from preln.ops.fused import softmax as fused_softmax, softmax_backward as fused_softmax_backward
 from preln.ops.dropout import dropout_backward, dropout_forward
 from preln.ops.softmax import softmax_backward, softmax_forward
 
@@ -139,7 +139,7 @@ def attention_forward(q, k, v, key_padding_mask=None, causal=False, dropout_p=0.
     check_heads(q, k, v)
     if fused:
         s = _gmm(q, k.swapaxes(-1, -2))                               # (B, H, S, S), unscaled
-        p = _fused.softmax(s, 1.0 / np.sqrt(q.shape[-1]), key_padding_mask, causal)
+        p = fused_softmax(s, 1.0 / np.sqrt(q.shape[-1]), key_padding_mask, causal)
         cache = AttentionCache(q, k, v, p if keep_probs else None, None, 0.0, key_padding_mask,
                                causal, policy)
         return _gmm(p, v), cache                                      # (B, H, S, d_h)
@@ -170,7 +170,7 @@ def attention_backward(dout, cache, out=None, fused=False):  # (B, H, S, d_h) ->
     q, k, v, p, drop_mask, dropout_p, kpm, causal, policy = cache
     ct = compute_dtype(dout.dtype, policy)
     if p is None and fused:                                           # recompute P (eval-mode cache)
-        p = _fused.softmax(_gmm(q, k.swapaxes(-1, -2)), 1.0 / np.sqrt(q.shape[-1]), kpm, causal)
+        p = fused_softmax(_gmm(q, k.swapaxes(-1, -2)), 1.0 / np.sqrt(q.shape[-1]), kpm, causal)
     elif p is None:
         s = _scores(q, k, policy, ct)
         bias = mask_bias(kpm, causal, q.shape[2], k.shape[2])
@@ -186,7 +186,7 @@ def attention_backward(dout, cache, out=None, fused=False):  # (B, H, S, d_h) ->
     dpd = _gmm(doc, v.astype(ct, copy=False).swapaxes(-1, -2))        # (B, H, S, S)
     dp = dropout_backward(dpd, drop_mask, dropout_p)
     if fused:
-        ds = _fused.softmax_backward(dp, pc, out=dp)                  # P = softmax(S), in one pass
+        ds = fused_softmax_backward(dp, pc, out=dp)                  # P = softmax(S), in one pass
     else:
         ds = softmax_backward(dp, pc, -1, policy)                     # P = softmax(S)
     tau = ct.type(1.0 / np.sqrt(q.shape[-1]))
