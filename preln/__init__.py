@@ -7,7 +7,7 @@ assembles them and matches ``torch.nn.TransformerEncoderLayer`` given the same w
 ``python -m preln`` prints this map, the version, and how to open the book and run its notebooks.
 
 Which module serves which chapter (the chapters are the notebooks ``book/<chapter>.ipynb``); the
-layers, each importing only itself and the layers before it: foundation -> ops -> nn -> models -> quant, serve, gguf ->
+layers, each importing only itself and the layers before it: foundation -> ops -> nn -> models -> quant, serve, gguf, parallel ->
 chapters -> course, grade (tests/test_layout.py checks it)::
 
     preln.precision         precision, precision_fixes, derivation_ops
@@ -43,6 +43,9 @@ chapters -> course, grade (tests/test_layout.py checks it)::
         q/k row permutation), tokenizer (byte-level BPE, chat template), model, bench (decode speed)
     preln.serve             inference_serving
         serving: paged (a paged KV cache with block tables, continuous batching)
+    preln.parallel          python -m preln.parallel
+        many devices: comm (ring collectives, simulated ranks or torch.distributed), tensor (Megatron
+        tensor and sequence parallel shards of both blocks), distributed (python -m preln.parallel)
     preln.chapters          every chapter
         what only the book computes: shapes, numerics, xiong (Xiong et al. 2020), inference
         (roofline, bytes per op, FlashAttention I/O, prefill and decode costs), viz (the figure

@@ -97,6 +97,9 @@ def parse_args(argv=None):
                     help="Llama rows: SwiGLU width (default 8D/3 rounded up to a multiple of 64)")
     ap.add_argument("--no-llama", action="store_true", help="skip the Llama rows")
     ap.add_argument("--llama-only", action="store_true", help="only the Llama rows")
+    ap.add_argument("--training-memory", action="store_true",
+                    help="only the training-memory tables: tiled vs plain attention over S, and "
+                         "activation checkpointing of a stack against its formula")
     return ap.parse_args(argv)
 
 
@@ -689,6 +692,62 @@ def run_widgets(args):
               f"{'PASS' if worst <= WIDGET_TARGET_MS else 'MISS'} |")
 
 
+def _train_step_peak(model, x, repeats=1):  # -> (peak extra bytes, best seconds) of forward + backward
+    times, peak = [], 0
+    for _ in range(repeats):
+        if hasattr(model, "layers"):
+            for layer in model.layers:
+                layer._cache = None
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        t0 = time.perf_counter()
+        model(x)
+        model.backward(x)
+        times.append(time.perf_counter() - t0)
+        peak = max(peak, tracemalloc.get_traced_memory()[1] - base)
+        tracemalloc.stop()
+    return peak, min(times)
+
+
+def run_training_memory(args):
+    """Peak memory (tracemalloc) of one training step: plain vs tiled attention for S and 4 S, and a
+    stack of L blocks with and without activation checkpointing, against the formulas."""
+    from preln.nn.stack import TransformerStack
+    cfg = BlockConfig(d_model=args.d_model, n_heads=args.heads, d_ff=args.d_ff, dropout=0.1)
+    rng = np.random.default_rng(0)
+    S0 = args.seq
+    print(f"\n| training step, B = 1, D = {cfg.d_model}, H = {cfg.n_heads}, F = {cfg.d_ff}, float32 "
+          f"| peak MiB at S = {S0} | at S = {4 * S0} | growth for 4x S |\n|---|---:|---:|---:|")
+    for att in ("plain", "tiled"):
+        peaks = []
+        for S in (S0, 4 * S0):
+            block = TransformerBlock(cfg, dtype=np.float32, seed=0, attention=att)
+            peaks.append(_train_step_peak(block, rng.standard_normal((1, S, cfg.d_model)).astype(np.float32))[0])
+        print(f"| {att} attention | {peaks[0] / 2**20:.1f} | {peaks[1] / 2**20:.1f} | {peaks[1] / peaks[0]:.2f}x |")
+    L, B, S = 8, args.batch, S0
+    x = rng.standard_normal((B, S, cfg.d_model)).astype(np.float32)
+    one = TransformerBlock(cfg, dtype=np.float32, seed=0, attention="tiled")
+    one(x)
+    act = one.cache_nbytes()                                      # one block's kept activations
+    one_step = _train_step_peak(one, x)[0]                        # one block's forward + backward
+    inp = x.nbytes                                                # one block input, B S D
+    print(f"\n| stack of L = {L}, B = {B}, S = {S}, tiled | peak MiB | formula MiB | step s | "
+          f"formula s |\n|---|---:|---:|---:|---:|")
+    rows = {}
+    for ckpt in (False, True):
+        stack = TransformerStack(cfg, L, dtype=np.float32, seed=0, attention="tiled", checkpoint=ckpt)
+        rows[ckpt] = _train_step_peak(stack, x, repeats=args.repeats)
+    t_fwd = min(_time(lambda: one(x)) for _ in range(args.repeats))
+    # the backward's working memory (gradients, tiles) comes on top of the kept activations once:
+    # one block's whole step peak stands for "one block's activations" in the formulas
+    formula = {False: ((L - 1) * act + one_step, rows[False][1]),
+               True: (L * inp + one_step, rows[False][1] + L * t_fwd)}
+    for ckpt, label in ((False, "no checkpointing (formula: (L-1) x kept activations + one block's step)"),
+                        (True, "checkpoint=True (formula: L x input + one block's step; time +1 forward)")):
+        (peak, t), (f_mem, f_t) = rows[ckpt], formula[ckpt]
+        print(f"| {label} | {peak / 2**20:.1f} | {f_mem / 2**20:.1f} | {t:.3f} | {f_t:.3f} |")
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
@@ -701,6 +760,9 @@ def main(argv=None):
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     if args.llama_only:
         run_llama(args, threads)
+        return
+    if args.training_memory:
+        run_training_memory(args)
         return
     run_block(args, threads)
 

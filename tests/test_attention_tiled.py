@@ -1,7 +1,9 @@
 """Tiled attention (the online softmax of FlashAttention, Dao et al. 2022) equals plain attention.
 
-The tiled path is what eval mode runs; the plain path is what training runs and what the backward
-differentiates, so they must agree to round-off for every tiling and every mask.
+The tiled path is what eval mode runs (and training with attention="tiled"); the plain path is the
+reference, so they must agree to round-off for every tiling and every mask. The second half checks
+the tiled training forward and FlashAttention-2's backward: gradients equal the plain attention's
+(float64, round-off) with dropout (the same mask), masks, MHA, GQA and MQA, and central differences.
 """
 import numpy as np
 import pytest
@@ -84,3 +86,115 @@ def test_tiled_equals_plain_under_each_policy(policy, dtype, mask):
     o_tiled = flash_attention_forward(q, k, v, kpm, causal, policy, q_tile=16, k_tile=16)
     assert np.isfinite(o_tiled.astype(np.float64)).all()
     assert tiled_error(o_tiled, o_plain) < TILED_TOL[dtype]
+
+
+# ---- the tiled training forward and FlashAttention-2's backward ---------------------------------
+from preln import BlockConfig, TransformerBlock                                  # noqa: E402
+from preln.gradcheck import numerical_gradient, rel_error                        # noqa: E402
+from preln.ops.attention import (AttentionCache, attention_backward, flash_attention_backward,  # noqa: E402
+                                 flash_attention_train, flash_dropout_mask, mask_bias)
+from preln.ops.dropout import dropout_forward                                    # noqa: E402
+from preln.ops.softmax import softmax_forward                                    # noqa: E402
+
+#: float64 max|tiled - plain| / max(1, max|plain|) for O and every gradient: sums in another order
+GRAD_ROUNDOFF = 1e-12
+#: float64 central differences (eps 1e-6) against the tiled backward
+GRADCHECK_TOL = 1e-7
+
+
+def plain_with_mask(q, k, v, kpm, causal, dp, mask):
+    """Plain attention with the given dropout keep-mask: (O, AttentionCache)."""
+    s = q @ np.repeat(k, q.shape[1] // k.shape[1], 1).swapaxes(-1, -2) / np.sqrt(q.shape[-1])
+    bias = mask_bias(kpm, causal, q.shape[2], k.shape[2])
+    with np.errstate(invalid="ignore"):
+        p, _ = softmax_forward(s if bias is None else s + bias, -1)
+    p = np.nan_to_num(p)                                      # fully masked rows: P = 0, as tiled
+    pd, _ = dropout_forward(p, dp, None, mask)
+    o = pd @ np.repeat(v, q.shape[1] // v.shape[1], 1)
+    return o, AttentionCache(q, k, v, p, mask, dp, kpm, causal, SAFE)
+
+
+@pytest.mark.parametrize("h_kv", [4, 2, 1], ids=["MHA", "GQA", "MQA"])
+@pytest.mark.parametrize("dropout_p", [0.0, 0.3])
+@pytest.mark.parametrize("mask", ["none", "causal", "padding+causal", "fully_masked"])
+@pytest.mark.parametrize("S, q_tile, k_tile", [(37, 8, 5), (16, 4, 8), (20, 100, 100)])
+def test_flash_backward_equals_plain(S, q_tile, k_tile, mask, dropout_p, h_kv):
+    rng = np.random.default_rng(S + q_tile + 7 * k_tile)
+    B, H, dh = 2, 4, 8
+    q = rng.standard_normal((B, H, S, dh))
+    k, v = (rng.standard_normal((B, h_kv, S, dh)) for _ in range(2))
+    kpm, causal = make_mask(mask, B, S, k_tile, rng)
+    o, cache = flash_attention_train(q, k, v, kpm, causal, dropout_p, 11, q_tile=q_tile, k_tile=k_tile)
+    assert cache.lse.shape == (B, H, S, 1) and not hasattr(cache, "p")   # no (B, H, S, S) kept
+    drop = flash_dropout_mask(cache) if dropout_p else None
+    if dropout_p:
+        assert 0.5 < drop.mean() < 0.9                                  # about 1 - p kept
+    o_ref, c_ref = plain_with_mask(q, k, v, kpm, causal, dropout_p, drop)
+    assert tiled_error(o, o_ref) < GRAD_ROUNDOFF
+    do = rng.standard_normal(q.shape)
+    for g, g_ref in zip(attention_backward(do, cache), attention_backward(do, c_ref)):
+        assert g.shape == g_ref.shape
+        assert tiled_error(g, g_ref) < GRAD_ROUNDOFF
+
+
+@pytest.mark.parametrize("dropout_p", [0.0, 0.25])
+def test_flash_backward_against_central_differences(dropout_p):
+    """The seed fixes the mask, so L(q, k, v) = sum(O * W) is a function central differences can take."""
+    rng = np.random.default_rng(3)
+    B, H, S, dh = 1, 2, 9, 4
+    q, k, v = (rng.standard_normal((B, H if i == 0 else 1, S, dh)) for i in range(3))
+    kpm = np.zeros((B, S), bool)
+    kpm[0, -2:] = True
+    w = rng.standard_normal((B, H, S, dh))
+    f = lambda q_, k_, v_: float(np.sum(flash_attention_train(q_, k_, v_, kpm, True, dropout_p, 4,
+                                                              q_tile=4, k_tile=3)[0] * w))
+    _, cache = flash_attention_train(q, k, v, kpm, True, dropout_p, 4, q_tile=4, k_tile=3)
+    dq, dk, dv = flash_attention_backward(w, cache)
+    assert rel_error(dq, numerical_gradient(lambda a: f(a, k, v), q)) < GRADCHECK_TOL
+    assert rel_error(dk, numerical_gradient(lambda a: f(q, a, v), k)) < GRADCHECK_TOL
+    assert rel_error(dv, numerical_gradient(lambda a: f(q, k, a), v)) < GRADCHECK_TOL
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+@pytest.mark.parametrize("causal", [False, True])
+def test_tiled_training_block_equals_plain_block(norm_first, causal):
+    """The block in training mode, attention="tiled" against "plain" (no dropout: the same draws)."""
+    cfg = BlockConfig(d_model=16, n_heads=4, d_ff=24, norm_first=norm_first, causal=causal)
+    rng = np.random.default_rng(0)
+    x, dy = rng.standard_normal((2, 600, 16)), rng.standard_normal((2, 600, 16))
+    kpm = rng.random((2, 600)) < 0.2
+    blocks = [TransformerBlock(cfg, dtype=np.float64, seed=1, attention=a) for a in ("plain", "tiled")]
+    ys, dxs = [], []
+    for b in blocks:
+        ys.append(b(x, kpm))
+        dxs.append(b.backward(dy))
+    assert type(blocks[1].cache.attn.sdpa).__name__ == "FlashCache"
+    assert tiled_error(ys[1], ys[0]) < GRAD_ROUNDOFF and tiled_error(dxs[1], dxs[0]) < GRAD_ROUNDOFF
+    for name, g in blocks[0].grads.items():
+        assert tiled_error(blocks[1].grads[name], g) < GRAD_ROUNDOFF, name
+
+
+def test_tiled_training_block_with_dropout_gradcheck():
+    """Dropout in the tiled training block: reseeding the block redraws every mask, so the
+    block's input gradient equals central differences."""
+    cfg = BlockConfig(d_model=8, n_heads=2, d_ff=12, dropout=0.2, causal=True)
+    block = TransformerBlock(cfg, dtype=np.float64, seed=2, attention="tiled")
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((1, 5, 8)), rng.standard_normal((1, 5, 8))
+    def f(a):
+        block.rng = np.random.default_rng(9)
+        return float(np.sum(block(a) * w))
+    f(x)
+    dx = block.backward(w)
+    assert rel_error(dx, numerical_gradient(f, x)) < GRADCHECK_TOL
+
+
+@pytest.mark.parametrize("kw, match", [({"dropout_p": 1.0}, "dropout_p"), ({"q_tile": 0}, "q_tile"),
+                                       ({"k_tile": 2.5}, "k_tile")])
+def test_flash_train_rejects_bad_arguments(kw, match):
+    q = np.zeros((1, 1, 4, 2))
+    with pytest.raises(ValueError, match=match):
+        flash_attention_train(q, q, q, **kw)
+    _, cache = flash_attention_train(q, q, q)
+    with pytest.raises(ValueError, match="dout"):
+        flash_attention_backward(np.zeros((1, 1, 3, 2)), cache)

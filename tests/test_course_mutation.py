@@ -885,3 +885,146 @@ def test_plausible_answers(name, key, label, right):
         assert reason is None, f"{name} {key}: the correct answer '{label}' fails: {reason}"
     else:
         assert reason is not None, f"{name} {key}: the wrong answer '{label}' passes every check"
+
+
+# ---- issue 22 item 6: a course secret re-seeds the hidden inputs; honest answers keep their marks
+#: questions whose hidden inputs are fixed grids (formats, shapes, step numbers, published GPUs),
+#: not random draws: the secret leaves them as published (book/running.md says so). A random
+#: question that escaped the re-seeding would show up here as a new entry.
+GRID_QUESTIONS = {"inference": {"q1", "q2", "q5", "q6", "q7"}, "precision": {"q1", "q2", "q3"},
+                  "preln_vs_postln": {"q1"}, "shape_flow": {"q1", "q2", "q3", "q4"}}
+
+
+def _inputs(plan):
+    return {k: q.inputs_document(10, 60)["inputs"] for k, q in plan.questions.items()}
+
+
+def _solutions_pass(plan):
+    from preln.grade import checks
+    results, status = checks.run_in_process(plan, checks.exec_cells(plan.nb, {}))
+    verdicts = checks.evaluate(plan, results, status, None)
+    return {k: v.passed for k, v in verdicts.items()}
+
+
+@pytest.mark.parametrize("name", nbtools.assignments())
+def test_a_secret_reseeds_the_hidden_inputs_and_honest_scores_hold(name):
+    from preln.grade import checks
+    path = nbtools.source_path(name)
+    plans = {s: checks.build_plan(path, s) for s in (None, "course secret A", "course secret B")}
+    inputs = {s: _inputs(p) for s, p in plans.items()}
+    same = {k for k in inputs[None] if inputs["course secret A"][k] == inputs["course secret B"][k]}
+    assert same == GRID_QUESTIONS.get(name, set()), f"{name}: identical under two secrets: {sorted(same)}"
+    assert {k for k in inputs[None] if inputs[None][k] == inputs["course secret A"][k]} == same
+    for s, p in plans.items():                      # the solutions: full marks under every secret
+        assert all(_solutions_pass(p).values()), (name, s, _solutions_pass(p))
+    # the same secret gives the same inputs (every worker of a run builds the same plan)
+    assert _inputs(checks.build_plan(path, "course secret A")) == inputs["course secret A"]
+
+
+def test_the_secret_comes_from_the_environment_or_a_file(tmp_path, monkeypatch):
+    from preln.grade import checks
+    path = nbtools.source_path("derivation_ops")
+    monkeypatch.setenv(checks.SECRET_ENV, "course secret A")
+    assert _inputs(checks.plan_for(path)) == _inputs(checks.build_plan(path, "course secret A"))
+    monkeypatch.delenv(checks.SECRET_ENV)
+    assert _inputs(checks.plan_for(path)) == _inputs(checks.build_plan(path))
+    (tmp_path / "secret").write_text("course secret A\n")
+    assert checks.read_secret(tmp_path / "secret") == "course secret A"
+    (tmp_path / "empty").write_text("\n")
+    for bad in (tmp_path / "empty", tmp_path / "absent"):
+        with pytest.raises(ValueError, match="secret-file"):
+            checks.read_secret(bad)
+
+
+# ---- issue 22 item 4: a trajectory question hands no call another call's expected values
+#: a wrong Adam (no bias correction) that, like the attack of issue 22, reads every input of the
+#: question (all of them reach the kernel) and answers with whichever candidate formula's result
+#: shows up among the other calls' inputs
+CANDIDATE_PICKER = '''
+def _candidates(theta, g, m, v, t, lr, b1, b2, eps):
+    m1, v1 = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+    yield theta - lr * m1 / (np.sqrt(v1) + eps), m1, v1                      # the wrong default
+    yield theta - lr * (m1 / (1 - b1 ** t)) / (np.sqrt(v1 / (1 - b2 ** t)) + eps), m1, v1
+
+def adam_step(theta, g, m, v, t, lr, betas=(0.9, 0.98), eps=1e-8):
+    seen = [a[0] for a, _ in ALL_INPUTS if len(a) > 0 and np.shape(a[0]) == np.shape(theta)]
+    options = list(_candidates(theta, g, m, v, t, lr, *betas, eps))
+    for new, m1, v1 in options:
+        if any(np.allclose(new, s, rtol=1e-12, atol=0) for s in seen):
+            return new, m1, v1
+    return options[0]
+'''
+
+
+def test_a_candidate_picking_adam_finds_no_reference_state_among_the_inputs():
+    from preln.grade import checks, wire
+    plan = _plan("preln_vs_postln")
+    qp = plan.questions["q2"]
+    all_inputs = [wire.decode(qp.batch.trees[c["input"]], qp.batch.blobs, trusted=False) for c in qp.calls]
+    ns = {"np": __import__("numpy"), "ALL_INPUTS": all_inputs}
+    exec(CANDIDATE_PICKER, ns)                                     # noqa: S102: the test's own code
+    results, status = checks.run_in_process(plan, ns, keys=["q2"])
+    verdict = checks.evaluate(plan, results, status, None)["q2"]
+    # the 21 steps from random states all fail: their inputs never hold a reference state
+    assert verdict.n_failed >= 21, verdict.lines()
+
+
+# ---- issue 22 item 5: each prompt states what its checks accept; ndarray subclasses are data
+ACCEPTS = "**What the hidden checks accept:**"
+SUBCLASS_NOTE = "an ndarray subclass without masked values"
+
+
+class _Sub(__import__("numpy").ndarray):
+    """A subclass that adds nothing (as a student's own array type might)."""
+
+
+def _rewrap(value, how):
+    import numpy as np
+    if isinstance(value, np.ndarray) and type(value) is np.ndarray:
+        if how == "sub":
+            return value.view(_Sub)
+        mask = np.zeros(value.shape, bool)
+        if how == "masked" and value.size:
+            mask.flat[0] = True
+        return np.ma.MaskedArray(value, mask=mask)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_rewrap(v, how) for v in value)
+    if isinstance(value, dict):
+        return {k: _rewrap(v, how) for k, v in value.items()}
+    return value
+
+
+def _returns_arrays(qp):
+    import numpy as np
+
+    def has(v):
+        if isinstance(v, np.ndarray):
+            return True
+        if isinstance(v, (tuple, list)):
+            return any(has(x) for x in v)
+        return isinstance(v, dict) and any(has(x) for x in v.values())
+    return any(has(getattr(e, "expected", None)) for _, _, exps in qp.checks for e in exps)
+
+
+@pytest.mark.parametrize("name", nbtools.assignments())
+def test_each_prompt_states_what_its_checks_accept_and_subclasses_are_data(name):
+    from preln.grade import checks
+    plan = _plan(name)
+    prompts = {nbtools.grade_id(c)[:-len("_prompt")]: c.source for c in plan.nb.cells
+               if (nbtools.grade_id(c) or "").endswith("_prompt")}
+    ns = checks.exec_cells(plan.nb, {})
+    for how in ("sub", "unmasked", "masked"):
+        wrapped = dict(ns)
+        for fn in plan.answer_names:
+            wrapped[fn] = (lambda f: lambda *a, **k: _rewrap(f(*a, **k), how))(ns[fn])
+        results, status = checks.run_in_process(plan, wrapped)
+        verdicts = checks.evaluate(plan, results, status, None)
+        for key, qp in plan.questions.items():
+            arrays = _returns_arrays(qp)
+            if how == "sub" or how == "unmasked" or not arrays:
+                assert verdicts[key].passed, (name, key, how, verdicts[key].lines())
+            else:                                   # a masked value is not data: the check fails
+                assert not verdicts[key].passed, (name, key, how)
+    for key, qp in plan.questions.items():
+        assert ACCEPTS in prompts.get(key, ""), f"{name} {key}: the prompt does not state what the checks accept"
+        assert (SUBCLASS_NOTE in prompts[key]) == _returns_arrays(qp), (name, key)

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import nbformat
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -205,3 +206,57 @@ def test_a_notebook_past_its_time_limit_costs_its_row_only(tmp_path):
     assert "stopped" in d["loop"]["status"]
     assert d["alice"]["total"] == "20" and i["alice"]["status"] == "missing"
     assert i["loop"]["status"] == "ok" and i["loop"]["total"] == i["loop"]["possible"], i["loop"]
+
+
+# ---- issue 22 items 4 and 6: nothing hidden reaches the feedback; a course secret keeps honest marks
+#: a student cell that looks for the hidden calls before they are handed over (root-only files in
+#: /job/calls; the capture's copy appears only after every student cell has run)
+SNOOP_CELL = """import os, glob
+print("NORMAL" + "-CELL-OUT")    # the marker is output, not source
+for d in ("/job/calls", os.environ.get("PRELN_GRADER_CALLS", "/tmp/calls")):
+    for p in glob.glob(os.path.join(d, "*")):
+        try:
+            print(p, open(p).read())
+        except OSError as e:
+            print(p, "unreadable:", type(e).__name__)
+"""
+# a softmax that prints its (hidden) inputs at full precision while the grader's calls run
+SNOOP_SOFTMAX = _OWN + """
+def softmax(x, axis=-1):
+    print("DURING" + "-HIDDEN-OUT", [repr(float(v)) for v in np.ravel(x)[:8] if np.isfinite(v)])
+    return _softmax(x, axis)
+"""
+
+
+def test_feedback_shows_no_hidden_input_and_a_secret_keeps_honest_marks(tmp_path):
+    from preln.grade import checks, nbtools, wire
+    secret = "a course secret for this test"
+    (tmp_path / "secret").write_text(secret + "\n")
+    subs = tmp_path / "class"
+    write(honest(), subs, "alice")
+    snoop = answer(honest(), "q3_softmax", SNOOP_SOFTMAX)
+    snoop.cells.insert(1, nbformat.v4.new_code_cell(SNOOP_CELL))
+    write(snoop, subs, "snoop")
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "preln.grade", str(subs), "--out", str(out), "--assignment", NAME,
+           "--jobs", "2", "--timeout", str(CELL_S), "--secret-file", str(tmp_path / "secret")]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=2 * RUN_LIMIT_S)
+    completed(res, tmp_path)
+    got = rows(out / f"{NAME}.csv")
+    for student in ("alice", "snoop"):             # honest answers: full marks under the secret
+        assert got[student]["status"] == "ok" and got[student]["total"] == got[student]["possible"] == "20", got
+    html = "\n".join(p.read_text(errors="replace") for p in out.rglob("*.html") if "snoop" in str(p))
+    assert "NORMAL-CELL-OUT" in html                    # the feedback is there, with the cell's own output
+    assert "DURING-HIDDEN-OUT" not in html
+    # the hidden inputs of q3 under this secret (and the published ones): none appears
+    hidden = set()
+    for s in (secret, ""):
+        qp = checks.build_plan(nbtools.source_path(NAME), s).questions["q3"]
+        for c in qp.calls:
+            args, _ = wire.decode(qp.batch.trees[c["input"]], qp.batch.blobs, trusted=False)
+            # the random entries, printed in full (a short literal such as 0.5 is in any notebook)
+            hidden |= {r for r in (repr(float(v)) for v in np.ravel(args[0])[:8] if np.isfinite(v)) if len(r) >= 15}
+    assert hidden
+    assert not [v for v in hidden if v in html], "hidden inputs in the feedback"
+    if os.geteuid() == 0:                           # root-only files: the cell found nothing to read
+        assert "/job/calls/" not in html

@@ -241,6 +241,11 @@ def test_model_shapes_count_parameters():
     assert 6.4e9 < m["Llama 2 7B"].n_layers * m["Llama 2 7B"].layer_matrix_params() < 6.6e9
     assert 6.9e9 < m["Llama 3 8B"].n_layers * m["Llama 3 8B"].layer_matrix_params() < 7.0e9
     assert m["Llama 3 8B"].group == 4 and m["Llama 2 7B"].group == 1
+    # OPT ties its embedding and head: one V x D matrix; Llama 2 and 3 have two
+    opt, l2 = m["OPT-13B"], m["Llama 2 7B"]
+    assert opt.weight_params() == 40 * opt.layer_matrix_params() + 50272 * 5120
+    assert l2.weight_params() == 32 * l2.layer_matrix_params() + 2 * 32000 * 4096
+    assert 12.7e9 < opt.weight_params() < 12.9e9 and 6.7e9 < l2.weight_params() < 6.8e9
     from preln.models.lm import LMConfig
     shape = inf.model_shape(LMConfig(vocab_size=29, max_len=64, d_model=32, n_heads=2, d_ff=128))
     assert shape.layer_matrix_params() * 1 == 4 * 32 * 32 + 2 * 32 * 128

@@ -18,7 +18,7 @@ REPO_URL = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url
 TOC_CHAPTERS = [e["file"].split("/", 1)[1] for e in yaml.safe_load((ROOT / "_toc.yml").read_text())["chapters"]
                 if (ROOT / (e["file"] + ".ipynb")).is_file()]
 # chapter-column words that are not notebooks
-OTHER_USERS = {"every chapter", "assignments", "make bench"}
+OTHER_USERS = {"every chapter", "assignments", "make bench", "python -m preln.parallel"}
 
 
 def modules_of_the_package():

@@ -48,6 +48,7 @@ OPTIONAL_IMPORTS = {
     "gguf": "preln.gguf reads GGUF files with it (the gguf extra); an error names the install command",
     "tokenizers": "preln.gguf builds the tokenizer with it (the gguf extra)",
     "jinja2": "preln.gguf renders a chat template with it (the gguf extra)",
+    "llama_cpp": "preln.gguf.bench adds a llama.cpp row when it happens to be installed, never a dependency",
 }
 # the Jupyter of preln[notebooks]: a kernel and the notebook server
 JUPYTER = {"ipykernel", "notebook"}

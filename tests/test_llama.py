@@ -324,3 +324,13 @@ def test_block_errors(rng):
     block(np.zeros((B, S, D)))
     with pytest.raises(ValueError, match="dy: expected shape"):
         block.backward(np.zeros((B, S + 1, D)))
+
+
+def test_llama_ffn_width_is_metas_rule():
+    from preln.nn.llama import llama_ffn_width
+    assert llama_ffn_width(4096) == 11008                    # Llama 2 7B
+    assert llama_ffn_width(5120) == 13824                    # Llama 2 13B
+    assert llama_ffn_width(8192, 1.3, 4096) == 28672         # Llama 2 70B
+    assert llama_ffn_width(4096, 1.3, 1024) == 14336         # Llama 3 8B
+    with pytest.raises(ValueError, match="multiple_of"):
+        llama_ffn_width(4096, 1.0, 0)

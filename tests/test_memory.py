@@ -1,5 +1,6 @@
 """Memory: eval mode never holds the (B, H, S, S) scores, so its extra memory grows linearly in S;
-training mode keeps P for its backward and says how much (``block.cache_nbytes()``).
+training mode keeps P for its backward and says how much (``block.cache_nbytes()``), unless
+attention="tiled", whose training step (FlashAttention-2's backward) grows O(S) too.
 
 Peaks are measured with tracemalloc, which sees numpy's array allocations: the peak of traced
 memory during one eval forward, minus what was traced before it (x and the parameters exist
@@ -87,3 +88,43 @@ def test_training_cache_holds_the_probabilities_and_is_reported():
     block(x)
     assert block.cache.attn.sdpa.p is None
     assert block.cache_nbytes() == nbytes - probs         # the eval cache is the same minus P
+
+
+#: peak(4S) / peak(S) of one training step (forward + backward): measured 2.1 tiled, 10.6 plain
+TILED_TRAIN_GROWTH_LIMIT = 6.0
+#: the plain path keeps (B, H, S, S) P and its gradients: quadratic, well above the tiled limit
+PLAIN_TRAIN_GROWTH_FLOOR = 8.0
+
+TRAIN_MEASURE = """
+import json, sys, tracemalloc
+import numpy as np
+from preln import BlockConfig, TransformerBlock
+cfg = BlockConfig(d_model=128, n_heads=4, d_ff=512, dropout=0.1)
+TransformerBlock(cfg, dtype=np.float32, seed=0)(np.zeros((1, 8, cfg.d_model), np.float32))
+peaks = {}
+for att in ("plain", "tiled"):
+    for S in (512, 2048):
+        block = TransformerBlock(cfg, dtype=np.float32, seed=0, attention=att)
+        x = np.random.default_rng(0).standard_normal((1, S, cfg.d_model)).astype(np.float32)
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        block(x)
+        dx = block.backward(x)
+        peaks[f"{att} {S}"] = tracemalloc.get_traced_memory()[1] - base
+        tracemalloc.stop()
+        assert np.isfinite(dx).all()
+print(json.dumps(peaks))
+"""
+
+
+def test_tiled_training_step_memory_grows_linearly():
+    """Training step (forward + backward, dropout on) at S = 512 and 4 S = 2048: the tiled path
+    keeps O and the log-sum-exp, so its peak grows ~4x at most; the plain path's ~16x term shows."""
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", TRAIN_MEASURE], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    peaks = json.loads(done.stdout.strip().splitlines()[-1])
+    tiled, plain = peaks["tiled 2048"] / peaks["tiled 512"], peaks["plain 2048"] / peaks["plain 512"]
+    assert tiled <= TILED_TRAIN_GROWTH_LIMIT, peaks
+    assert plain >= PLAIN_TRAIN_GROWTH_FLOOR, peaks

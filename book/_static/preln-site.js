@@ -16,8 +16,9 @@
     var caption = el.querySelector("caption");
     if (caption && caption.textContent.trim()) return "Table: " + caption.textContent.trim().slice(0, 80);
     if (el.matches("mjx-container") || el.querySelector("mjx-container")) return "Formula";
+    // Outputs first: myst-nb wraps a stream output in div.highlight-myst-ansi, which is not code.
+    if (el.closest(".cell_output")) return el.querySelector("table") ? "Table output" : "Output";
     if (el.closest(".cell_input") || el.closest("div[class*='highlight-']")) return "Code";
-    if (el.closest(".cell_output")) return el.querySelector("table") ? "Table" : "Output";
     if (el.querySelector("table")) return "Table";
     return "Wide content";
   }
@@ -33,16 +34,23 @@
       if (scrolls && !el.hasAttribute(MARK)) {
         el.setAttribute(MARK, "");
         el.tabIndex = 0;
-        if (!el.hasAttribute("role")) el.setAttribute("role", "region");
+        if (!el.hasAttribute("role")) el.setAttribute("role", "group");  // a group, not a landmark
         if (!el.hasAttribute("aria-label")) el.setAttribute("aria-label", describe(el) + " (scrolls sideways)");
       } else if (!scrolls && el.hasAttribute(MARK)) {
         el.removeAttribute(MARK);
         el.removeAttribute("tabindex");
-        if (el.getAttribute("role") === "region") el.removeAttribute("role");
+        if (el.getAttribute("role") === "group") el.removeAttribute("role");
         el.removeAttribute("aria-label");
       }
     }
   }
+
+  // Icon-font glyphs are decoration: their private-use characters must not enter names.
+  function hideIcons() {
+    var icons = document.querySelectorAll("i[class*='fa-']:not([aria-hidden]), span[class*='fa-']:not([aria-hidden])");
+    for (var i = 0; i < icons.length; i++) icons[i].setAttribute("aria-hidden", "true");
+  }
+  document.addEventListener("DOMContentLoaded", hideIcons);
 
   var pending = null;
   function later() { clearTimeout(pending); pending = setTimeout(markScrollables, 200); }

@@ -768,7 +768,8 @@ def decode_cost(config, n_layers, batch, context, itemsize=2, n_kv_heads=None, w
 class ModelShape(NamedTuple):
     """A decoder-only language model's shape, as its paper or released configuration gives it.
 
-    Biases and normalisation parameters are left out of every count below (a few D per layer)."""
+    Biases and normalisation parameters are left out of every count below (a few D per layer), and
+    so are learned position embeddings (OPT's: 2048 x D, 0.1 % of OPT-13B)."""
 
     name: str
     n_layers: int
@@ -780,6 +781,7 @@ class ModelShape(NamedTuple):
     gated: bool           # True: a gated MLP (SwiGLU: gate, up, down, three D x F matrices)
     max_context: int      # positions the model was trained for
     source: str = ""      # a citation key of book/references.bib
+    tied_embeddings: bool = False   # True: the LM head is the token embedding (OPT), one V x D matrix
 
     d_head = property(lambda self: self.d_model // self.n_heads, doc="The width of one head.")
     group = property(lambda self: self.n_heads // self.n_kv_heads,
@@ -790,18 +792,25 @@ class ModelShape(NamedTuple):
         D = self.d_model
         return 2 * D * D + 2 * D * self.n_kv_heads * self.d_head + (3 if self.gated else 2) * D * self.d_ff
 
+    def weight_params(self):
+        """Every matrix weight: n_layers blocks, the token embedding and the LM head (V x D each, or
+        one matrix for both when they are tied)."""
+        embeddings = (1 if self.tied_embeddings else 2) * self.vocab_size * self.d_model
+        return self.n_layers * self.layer_matrix_params() + embeddings
+
     def kv_bytes_per_token(self, itemsize=2):
         """2 n_layers n_kv d_h itemsize: one position's keys and values in every layer."""
         return kv_cache_bytes(self.n_layers, 1, 1, self.d_model, itemsize, self.n_heads,
                               self.n_kv_heads)
 
 
-#: Published configurations. OPT-13B: Zhang et al. 2022, Table 1 (ReLU MLP of 4D; the vocabulary
-#: and context from the released configuration). Llama 2 7B: Touvron et al. 2023 (multi-head
+#: Published configurations. OPT-13B: Zhang et al. 2022, Table 1 (ReLU MLP of 4D; the vocabulary,
+#: context and tied embedding and head from the released configuration). Llama 2 7B: Touvron et al. 2023 (multi-head
 #: attention; F = 11,008, vocabulary 32,000 from the released configuration). Llama 3 8B:
 #: Grattafiori et al. 2024, Table 3 (8 key/value heads, F = 14,336, vocabulary 128,256).
 PUBLISHED_MODELS = {
-    "OPT-13B": ModelShape("OPT-13B", 40, 5120, 40, 40, 20480, 50272, False, 2048, "zhang2022opt"),
+    "OPT-13B": ModelShape("OPT-13B", 40, 5120, 40, 40, 20480, 50272, False, 2048, "zhang2022opt",
+                          tied_embeddings=True),
     "Llama 2 7B": ModelShape("Llama 2 7B", 32, 4096, 32, 32, 11008, 32000, True, 4096,
                              "touvron2023llama2"),
     "Llama 3 8B": ModelShape("Llama 3 8B", 32, 4096, 32, 8, 14336, 128256, True, 8192,

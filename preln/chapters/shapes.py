@@ -285,6 +285,9 @@ def shape_flow(config, B, S, dtype=np.float32, training=True, attention="auto", 
             scale = row_tiles * dh if pol.prescale_queries else cols   # q tile scaled per key tile
             add("attn.tiled", "o = softmax(q k^T / sqrt(d_h)) v, in tiles",
                 [("q", bhsd), ("k", bhsd), ("v", bhsd)], [("o", bhsd)], dt,
+                # training: FlashAttention-2 keeps O and the log-sum-exp L for its backward
+                # (the dropout mask is redrawn per tile, not kept); eval keeps nothing more
+                kept=[("o", bhsd, ct), ("lse", (B, H, S, 1), ct)] if training else (),
                 matmul=2 * 2 * B * H * cols * dh,
                 elementwise=B * H * (per_score * cols + per_row_tile * row_tiles + scale + S * dh),
                 # the backward recomputes p over all S x S scores (no tile is skipped), then

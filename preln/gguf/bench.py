@@ -1,5 +1,6 @@
-"""Decode speed of SmolLM2-135M: preln's float32 Llama blocks against torch eager, and both against
-the memory-bandwidth bound.
+"""Decode speed of SmolLM2-135M: preln's float32 Llama blocks against torch eager, preln's int8 and
+4-bit weight-only models (:func:`preln.gguf.quantize`, RTN, groups of 32, head included) against
+preln's float32, and each against its own memory-bandwidth bound.
 
     python -m preln.gguf.bench [--prompt 32] [--new 32] [--rounds 5]
 
@@ -8,6 +9,10 @@ Batch 1, one thread (BLAS and torch), float32. Each round decodes ``--new`` toke
 transformers' LlamaForCausalLM (eager attention, its DynamicCache, the same loop under
 ``torch.inference_mode``); the two alternate round by round, so a busy machine slows both alike.
 Tokens/s is the median over rounds of n_new / (time of the n_new decode steps).
+
+The quantised models' bound uses their own weight bytes (``weight_nbytes()``: codes, float32 scales
+and zero points) and the same float32 KV cache. A ``llama.cpp`` row (the file as stored, Q4_1,
+``n_threads=1``) is added when ``llama_cpp`` happens to be importable; it is never a dependency.
 
 Bytes per decoded token: every weight once (the tied head counted once: it is the embedding's
 matrix, read for the head's product; the embedding's lookup reads one row) plus the KV cache read at
@@ -24,8 +29,10 @@ import numpy as np
 
 from preln.blas import blas_threads
 from preln.gguf.model import load, smollm2_path
+from preln.gguf.quant import quantize
 
-__all__ = ["read_bandwidth", "bytes_per_token", "preln_decode_seconds", "torch_decode_seconds", "run", "main"]
+__all__ = ["read_bandwidth", "bytes_per_token", "preln_decode_seconds", "torch_decode_seconds",
+           "llama_cpp_decode_seconds", "run", "main"]
 
 PROMPT = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
           "combined movable metal type, oil-based ink and a screw press into a system that")
@@ -80,6 +87,30 @@ def torch_decode_seconds(model, prompt, n_new):
         return time.perf_counter() - t, out[:-1]
 
 
+def llama_cpp_decode_seconds(llm, prompt, n_new):
+    """The same loop with llama-cpp-python's Llama (its own KV cache)."""
+    llm.reset()
+    llm.eval(prompt)
+    nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    out = [nxt]
+    t = time.perf_counter()
+    for _ in range(n_new):
+        llm.eval([nxt])
+        nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        out.append(nxt)
+    return time.perf_counter() - t, out[:-1]
+
+
+def llama_cpp_model(path, n_ctx):
+    """llama_cpp.Llama on the file, one thread, or None when llama_cpp is not importable."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    return llama_cpp.Llama(model_path=str(path), n_threads=1, n_batch=n_ctx, n_ctx=n_ctx,
+                           logits_all=True, verbose=False)
+
+
 def torch_model(path):
     """transformers' float32 LlamaForCausalLM from the GGUF at ``path``, eager attention; or None
     with the reason when torch or transformers is not installed."""
@@ -102,23 +133,38 @@ def run(prompt_len=32, n_new=32, rounds=5, path=None):
     prompt = lm.tokenizer.encode(PROMPT)
     prompt = (prompt * (prompt_len // len(prompt) + 1))[:prompt_len]
     model, why = torch_model(path)
-    times = {"preln": [], "torch eager": []}
+    models = {"preln": lm, "preln int8": quantize(lm, "rtn", bits=8, group_size=32),
+              "preln 4-bit": quantize(lm, "rtn", bits=4, group_size=32)}
+    runs = {name: (lambda m=m: preln_decode_seconds(m, prompt, n_new)) for name, m in models.items()}
+    if model is not None:
+        runs["torch eager"] = lambda: torch_decode_seconds(model, prompt, n_new)
+    cpp = llama_cpp_model(path, prompt_len + n_new + 1)
+    if cpp is not None:
+        runs["llama.cpp Q4_1"] = lambda: llama_cpp_decode_seconds(cpp, prompt, n_new)
+    weights, kv = bytes_per_token(lm, prompt_len, n_new)
+    nbytes = {name: m.weight_nbytes() for name, m in models.items()}
+    nbytes["preln"] = nbytes["torch eager"] = weights
+    if cpp is not None:
+        nbytes["llama.cpp Q4_1"] = path.stat().st_size              # the file: its blocks as stored
+    times = {name: [] for name in runs}
     tokens = {}
     with blas_threads(1):
-        preln_decode_seconds(lm, prompt, 2)                            # warm-up: numba's compilation
+        for name in runs:                                          # warm-up: numba's compilation
+            if name in models:
+                preln_decode_seconds(models[name], prompt, 2)
         if model is not None:
             torch_decode_seconds(model, prompt, 2)
-        for _ in range(rounds):
-            s, tokens["preln"] = preln_decode_seconds(lm, prompt, n_new)
-            times["preln"].append(s)
-            if model is not None:
-                s, tokens["torch eager"] = torch_decode_seconds(model, prompt, n_new)
-                times["torch eager"].append(s)
+        for _ in range(rounds):                                    # interleaved, round by round
+            for name, fn in runs.items():
+                s, tokens[name] = fn()
+                times[name].append(s)
         bandwidth = read_bandwidth()
-    weights, kv = bytes_per_token(lm, prompt_len, n_new)
     bound = bandwidth / (weights + kv)
-    rows = {name: {"tok_s": n_new / float(np.median(t)), "bound_frac": n_new / float(np.median(t)) / bound}
-            for name, t in times.items() if t}
+    rows = {}
+    for name, t in times.items():
+        tok_s = n_new / float(np.median(t))
+        rows[name] = {"tok_s": tok_s, "bound_frac": tok_s * (nbytes[name] + kv) / bandwidth,
+                      "weight_bytes": nbytes[name]}
     return {"rows": rows, "weights": weights, "kv": kv, "bandwidth": bandwidth, "bound": bound,
             "why": why, "same_tokens": tokens.get("preln") == tokens.get("torch eager"),
             "prompt_len": prompt_len, "n_new": n_new, "rounds": rounds}
@@ -129,14 +175,19 @@ def report(r):
              f"{r['n_new']} decoded, median of {r['rounds']} interleaved rounds",
              f"bytes per decoded token: weights {r['weights'] / 1e6:.1f} MB + KV {r['kv'] / 1e6:.2f} MB; "
              f"read bandwidth {r['bandwidth'] / 1e9:.2f} GB/s -> bound {r['bound']:.1f} tokens/s",
-             "", f"{'':14s} {'tokens/s':>9s} {'of bound':>9s} {'vs torch':>9s}"]
+             "(each row's bound: its own weight bytes + the KV cache, over that bandwidth)",
+             "", f"{'':16s} {'weights MB':>10s} {'tokens/s':>9s} {'of bound':>9s} {'vs torch':>9s} {'vs preln':>9s}"]
     ref = r["rows"].get("torch eager", {}).get("tok_s")
+    base = r["rows"]["preln"]["tok_s"]
     for name, row in r["rows"].items():
         ratio = f"{row['tok_s'] / ref:8.2f}x" if ref else "      n/a"
-        lines.append(f"{name:14s} {row['tok_s']:9.2f} {100 * row['bound_frac']:8.1f}% {ratio}")
+        lines.append(f"{name:16s} {row['weight_bytes'] / 1e6:10.1f} {row['tok_s']:9.2f} "
+                     f"{100 * row['bound_frac']:8.1f}% {ratio} {row['tok_s'] / base:8.2f}x")
     if r["why"]:
         lines.append(r["why"])
-    elif not r["same_tokens"]:
+    if "llama.cpp Q4_1" not in r["rows"]:
+        lines.append("llama.cpp not measured: llama_cpp is not importable (never a dependency)")
+    if not r["why"] and not r["same_tokens"]:
         lines.append("note: the greedy tokens differ (float32 round-off between the two)")
     return "\n".join(lines)
 

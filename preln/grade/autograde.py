@@ -270,6 +270,8 @@ class SandboxedExecute(NbGraderPreprocessor):
     slot = Integer(0, help="Worker slot (the sandbox's uid is uid_base + slot when run as root)").tag(config=True)
     workspace = Unicode("", help="Scratch directory (views, jobs); default: a temporary one").tag(config=True)
     bwrap = Unicode("bwrap", help="The bubblewrap executable").tag(config=True)
+    secret_file = Unicode("", help="A file whose first line is the course secret (re-seeds the hidden inputs; "
+                                   "default: $PRELN_COURSE_SECRET, else the published seeds)").tag(config=True)
 
     def settings(self):
         return sandbox.Settings(cell_timeout=self.timeout, call_timeout=self.call_timeout, mem_mb=self.mem_mb,
@@ -288,7 +290,12 @@ class SandboxedExecute(NbGraderPreprocessor):
         path = self.source_path(resources)
         if not path.exists():
             raise GradingFailed(f"the source notebook {path} is missing: the grader needs it for the hidden checks")
-        plan = checks.plan_for(path)
+        try:
+            secret = checks.read_secret(self.secret_file) if self.secret_file else None
+        except ValueError as e:
+            LAST["failure"] = str(e)
+            raise GradingFailed(str(e)) from None
+        plan = checks.plan_for(path, secret)
         if self.sandbox:
             problem = _probe(self.settings())
             if problem:

@@ -14,6 +14,7 @@ back in the same documents, are decoded strictly (wire.py) and judged by the exp
 """
 import ast
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -155,8 +156,56 @@ def _quiet():
     return stack
 
 
-def build_plan(source_path):
-    """Execute the source notebook's setup cell and hidden regions here; return the Plan."""
+#: the instructor's course secret (book/running.md): re-seeds every random hidden input
+SECRET_ENV = "PRELN_COURSE_SECRET"
+
+
+def course_secret():
+    """The course secret from the environment, or None (the published seeds)."""
+    return os.environ.get(SECRET_ENV) or None
+
+
+def read_secret(path):
+    """A course secret from a file (its first line); ValueError if it is missing or empty."""
+    try:
+        text = Path(path).read_text().strip().split("\n")[0].strip()
+    except OSError as e:
+        raise ValueError(f"secret-file: cannot read {path}: {e.strerror}") from None
+    if not text:
+        raise ValueError(f"secret-file: expected a non-empty first line in {path}; got an empty file")
+    return text
+
+
+@contextlib.contextmanager
+def _reseeded(secret):
+    """While the hidden regions run: every ``np.random.default_rng(int or ints)`` mixes in the
+    secret, so the hidden inputs (and the references, computed from the same generators here)
+    differ from the published ones. Only the grader's process is patched; the student's kernel
+    receives the inputs (generators included) as data, so honest answers score the same."""
+    if not secret:
+        yield
+        return
+    words = np.frombuffer(hashlib.sha256(secret.encode()).digest(), dtype=np.uint32).tolist()
+    original = np.random.default_rng
+
+    def default_rng(seed=None):
+        if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and seed >= 0:
+            seed = np.random.SeedSequence([*words, int(seed)])
+        elif (isinstance(seed, (list, tuple)) and seed
+              and all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s >= 0 for s in seed)):
+            seed = np.random.SeedSequence([*words, len(seed), *map(int, seed)])
+        return original(seed)
+
+    np.random.default_rng = default_rng
+    try:
+        yield
+    finally:
+        np.random.default_rng = original
+
+
+def build_plan(source_path, secret=None):
+    """Execute the source notebook's setup cell and hidden regions here; return the Plan.
+    ``secret``: the course secret (re-seeds the hidden inputs; None: the published seeds)."""
     source_path = Path(source_path)
     nb = nbtools.read(source_path)
     plan = Plan(source_path.stem, source_path, nb)
@@ -185,7 +234,7 @@ def build_plan(source_path):
         for n in plan.answer_names:
             ns[n] = Answer(n, qp)
         try:
-            with _collecting(qp), _quiet():
+            with _collecting(qp), _quiet(), _reseeded(secret):
                 exec(compile(hidden, f"<{plan.name} {key} hidden checks>", "exec"), ns)   # noqa: S102
         except PlanError:
             raise
@@ -207,13 +256,15 @@ def build_plan(source_path):
 _PLANS = {}
 
 
-def plan_for(source_path):
-    """The plan of a source notebook, cached by path and modification time (the grader computes
-    the references once per assignment, not once per student)."""
+def plan_for(source_path, secret=None):
+    """The plan of a source notebook, cached by path, modification time and secret (the grader
+    computes the references once per assignment, not once per student). ``secret`` defaults to
+    the course secret of the environment (PRELN_COURSE_SECRET)."""
     p = Path(source_path).resolve()
-    key = (p, p.stat().st_mtime_ns)
+    secret = course_secret() if secret is None else secret
+    key = (p, p.stat().st_mtime_ns, hashlib.sha256(secret.encode()).hexdigest() if secret else None)
     if key not in _PLANS:
-        _PLANS[key] = build_plan(p)
+        _PLANS[key] = build_plan(p, secret)
     return _PLANS[key]
 
 

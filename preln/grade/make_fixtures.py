@@ -42,6 +42,8 @@ book/running.md's threat model lists the attacks. derivation_ops:
           process limit; the bomb's cell is skipped when the kernel restarts -> full marks
   tina    the solutions, and child processes that allocate memory until the sandbox's total
           memory cap kills the run                                 -> failed (this row only)
+  uma     the solutions, and 3 GB held in memfd files (unmapped: RLIMIT_AS and PSS miss them)
+          -> the sandbox's cgroup kills it at the cap: failed: ... memory limit (N MB) exceeded
   victor  the solutions, and a top-level infinite loop             -> the cell is skipped -> full marks
   xavier  its notebook is a relative symlink to the instructor's source notebook -> failed: refused
   yara    its notebook is a symlink to alice's                     -> failed: refused
@@ -245,6 +247,12 @@ HOSTILE = {
              "children = [subprocess.Popen([sys.executable, '-S', '-c', hog]) for _ in range(8)]   # each fills its cap\n"
              "import time; time.sleep(120)\n"),
     "victor": "while True:\n    pass\n",
+    # 3 GB in memfd files no process maps (RLIMIT_AS and a PSS sum do not see them): the cgroup does
+    "uma": ("import os\n"
+            "held = [os.memfd_create('hold') for _ in range(48)]\n"
+            "for fd in held:\n"
+            "    os.write(fd, b'x' * 2 ** 26)\n"
+            "import time; time.sleep(120)\n"),
 }
 
 # ---- answers ----------------------------------------------------------------------------------
@@ -536,6 +544,9 @@ def expected(name, source):
             "rita": (but(q1=1), "ok"), "sam": (full, "ok"),
             "tina": (None, "failed: the notebook's processes held more than"),
             "victor": (full, "ok"),
+            # the cap of tests/test_course_grading.py (--total-mem-mb 2048), counted by the sandbox's cgroup
+            "uma": (None, "failed: the notebook's processes held more than 2048 MB of memory together: "
+                          "memory limit (2048 MB) exceeded"),
             # links are refused (lstat, never followed): to the instructor's source, to a classmate's
             # notebook, a student folder that is a link
             "xavier": (None, "failed: refused: derivation_ops.ipynb is a symbolic link"),

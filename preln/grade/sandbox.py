@@ -201,6 +201,237 @@ def next_uid(base, counter=None):
     return uid
 
 
+#: set to "off" to use the fallback accounting (PSS watchdog, RLIMIT_AS) even where cgroups work
+CGROUP_ENV = "PRELN_GRADER_CGROUP"
+#: the grader's own parent cgroup (one child per sandbox below it)
+CGROUP_PARENT = "preln-grader"
+#: seconds to wait for a killed cgroup to empty before giving up on removing it
+CGROUP_DRAIN_S = 10
+
+
+class CgroupUnavailable(Exception):
+    """No cgroup can count this sandbox's memory here; the message says why."""
+
+
+def _mounts():
+    out = []
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            dev, where, fstype, opts = line.split()[:4]
+            out.append((where.replace("\\040", " "), fstype, set(opts.split(","))))
+    return out
+
+
+def _own_cgroup(controller):
+    """This process's cgroup path in the v1 hierarchy of ``controller`` ('' for v2's)."""
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, names, path = line.rstrip("\n").split(":", 2)
+            if (controller == "" and names == "") or controller in names.split(","):
+                return path
+    return None
+
+
+class Cgroup:
+    """One sandbox's cgroup: memory (memfd, shmem and tmpfs pages included, no swap) and processes
+    capped, counted by the kernel. v2 where its memory and pids controllers are there (a child of
+    /sys/fs/cgroup/preln-grader), else v1 (a child of the grader's own memory cgroup, so that
+    whatever limits the grader has still hold, and of the pids hierarchy's root)."""
+
+    def __init__(self, name, mem_mb, pids):
+        if os.environ.get(CGROUP_ENV, "").lower() in ("off", "0", "no"):
+            raise CgroupUnavailable(f"{CGROUP_ENV}=off")
+        if os.geteuid() != 0:
+            raise CgroupUnavailable("the grader is not root")
+        self.mem_mb, self.dirs = mem_mb, []
+        mounts = _mounts()
+        v2 = [m for m, t, _ in mounts if t == "cgroup2"]
+        v1 = {c: m for m, t, o in mounts if t == "cgroup" for c in ("memory", "pids") if c in o}
+        why = []
+        for root in v2:
+            have = set(Path(root, "cgroup.controllers").read_text().split())
+            if {"memory", "pids"} <= have:
+                self.version = 2
+                try:
+                    self._make_v2(Path(root), name, mem_mb, pids)
+                    return
+                except OSError as e:
+                    self.remove()
+                    why.append(f"cgroup v2 at {root}: {e}")
+            else:
+                why.append(f"cgroup v2 at {root} has no {' and '.join(sorted({'memory', 'pids'} - have))} controller")
+        if "memory" in v1:
+            self.version = 1
+            try:
+                self._make_v1(v1, name, mem_mb, pids)
+                return
+            except OSError as e:
+                self.remove()
+                why.append(f"cgroup v1: {e}")
+        elif not why:
+            why.append("no cgroup file system is mounted")
+        raise CgroupUnavailable("; ".join(why))
+
+    def _make(self, parent, name):
+        parent.mkdir(exist_ok=True)
+        d = parent / name
+        d.mkdir()
+        self.dirs.append(d)
+        return d
+
+    def _make_v2(self, root, name, mem_mb, pids):
+        # controllers must be enabled on the way down (root, then the grader's parent)
+        for d in (root, root / CGROUP_PARENT):
+            if d != root:
+                d.mkdir(exist_ok=True)
+            enabled = set((d / "cgroup.subtree_control").read_text().split())
+            if not {"memory", "pids"} <= enabled:
+                (d / "cgroup.subtree_control").write_text("+memory +pids")
+        d = self._make(root / CGROUP_PARENT, name)
+        (d / "memory.max").write_text(str(mem_mb * 2 ** 20))
+        (d / "memory.swap.max").write_text("0")
+        (d / "pids.max").write_text(str(pids))
+
+    def _make_v1(self, v1, name, mem_mb, pids):
+        own = _own_cgroup("memory") or "/"
+        d = self._make(Path(v1["memory"] + own.rstrip("/")) / CGROUP_PARENT, name)
+        (d / "memory.limit_in_bytes").write_text(str(mem_mb * 2 ** 20))
+        if (d / "memory.memsw.limit_in_bytes").exists():           # swap accounting on: no swap either
+            (d / "memory.memsw.limit_in_bytes").write_text(str(mem_mb * 2 ** 20))
+        if "pids" in v1:
+            p = self._make(Path(v1["pids"]) / CGROUP_PARENT, name)
+            (p / "pids.max").write_text(str(pids))
+
+    def procs_files(self):
+        return [str(d / "cgroup.procs") for d in self.dirs]
+
+    def wrap(self, cmd):
+        """``cmd`` started by a shell that first moves itself into the cgroup (so that everything the
+        sandbox runs is counted from its first instruction), then execs it; exit 125 if it cannot."""
+        script = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
+        return ["/bin/sh", "-c", script, "sh", *self.procs_files(), "--", *cmd]
+
+    def _read(self, name):
+        try:
+            return Path(self.dirs[0], name).read_text()
+        except (OSError, IndexError):
+            return ""
+
+    def oom_kills(self):
+        """Processes the kernel killed for the cgroup's memory limit."""
+        text = self._read("memory.events" if self.version == 2 else "memory.oom_control")
+        for line in text.splitlines():
+            k, _, v = line.partition(" ")
+            if k == "oom_kill" and v.strip().isdigit():
+                return int(v)
+        return 0
+
+    def peak(self):
+        raw = self._read("memory.peak" if self.version == 2 else "memory.max_usage_in_bytes").strip()
+        return int(raw) if raw.isdigit() else 0
+
+    def kill(self):
+        """SIGKILL everything still in the cgroup (what escaped bwrap's --die-with-parent included)."""
+        for d in self.dirs:
+            if (d / "cgroup.kill").exists():
+                try:
+                    (d / "cgroup.kill").write_text("1")
+                    continue
+                except OSError:
+                    pass
+            try:
+                pids = (d / "cgroup.procs").read_text().split()
+            except OSError:
+                continue
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+
+    def remove(self):
+        """Kill what is left, wait for the cgroup to empty, remove it."""
+        deadline = time.monotonic() + CGROUP_DRAIN_S
+        for d in reversed(self.dirs):
+            while d.exists():
+                self.kill()
+                try:
+                    d.rmdir()
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        print(f"preln.grade: could not remove the sandbox's cgroup {d}", file=sys.stderr)
+                        break
+                    time.sleep(0.05)
+        self.dirs = []
+
+
+def remove_stale_cgroups():
+    """Remove the sandbox cgroups whose grader process is gone (a worker killed at its time limit
+    cannot remove its own): what is left in them is killed first. Returns how many were removed."""
+    n = 0
+    for where, fstype, opts in _mounts():
+        if not fstype.startswith("cgroup"):
+            continue
+        for d in Path(where).rglob(f"{CGROUP_PARENT}/job-*"):
+            owner = d.name.split("-")[1]
+            if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+                cg = Cgroup.__new__(Cgroup)
+                cg.dirs, cg.version = [d], 2 if fstype == "cgroup2" else 1
+                cg.remove()
+                n += 1
+    return n
+
+
+_WARNED = set()
+
+
+def sandbox_cgroup(settings, name):
+    """The sandbox's :class:`Cgroup`, or None (with a warning, once per reason) where the kernel
+    cannot count its memory: then the PSS watchdog and RLIMIT_AS are all there is."""
+    try:
+        return Cgroup(name, settings.total_mem_mb, settings.nproc)
+    except CgroupUnavailable as e:
+        reason = str(e)
+    if reason not in _WARNED:
+        _WARNED.add(reason)
+        print(f"preln.grade: warning: no cgroup for the sandbox's memory ({reason}); falling back to the "
+              "watchdog over the processes' PSS and RLIMIT_AS, which do not see memfd, shared memory or "
+              "tmpfs pages (book/running.md, Threat model)", file=sys.stderr)
+    return None
+
+
+def memory_message(mb):
+    return (f"the notebook's processes held more than {mb} MB of memory together: memory limit ({mb} MB) "
+            "exceeded (the sandbox's cgroup counts memfd, shared memory and tmpfs too)")
+
+
+def clear_keyrings(uid):
+    """After a sandbox: empty the user keyrings of its uid (root, in a forked child that becomes the
+    uid), so that no key a notebook stored outlives the run."""
+    import ctypes
+    import platform
+    nr = {"x86_64": 250, "aarch64": 219, "ppc64le": 311, "s390x": 280}.get(platform.machine())
+    if nr is None or os.geteuid() != 0:
+        return
+    pid = os.fork()
+    if pid == 0:                                            # the child: no Python cleanup, just exit
+        code = 1
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.syscall.restype = ctypes.c_long
+            ok = [libc.syscall(ctypes.c_long(nr), ctypes.c_long(7), ctypes.c_long(ring)) >= 0
+                  for ring in (-4, -5)]                     # KEYCTL_CLEAR user, user-session keyring
+            code = 0 if all(ok) else 2
+        finally:
+            os._exit(code)
+    os.waitpid(pid, 0)
+
+
 def runner_spec(settings, cells, questions, slot, privileged):
     mem = settings.mem_mb * 2 ** 20
     limits = {"RLIMIT_AS": mem, "RLIMIT_CPU": settings.cpu_s, "RLIMIT_NPROC": settings.nproc,
@@ -290,6 +521,11 @@ def run_job(job_dir, view_dir, lib_dir, settings, slot=0):
                           str(view_dir), str(lib_dir))
         cmd = [sys.executable, "-s", "-B", str(Path(lib_dir) / "grader_runner.py")]
         cwd = str(scratch / "work")
+    cgroup = None
+    if settings.sandbox:
+        cgroup = sandbox_cgroup(settings, f"job-{os.getpid()}-{time.monotonic_ns()}")
+        if cgroup is not None:
+            cmd = cgroup.wrap(cmd)
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env=env, cwd=cwd, start_new_session=True)
@@ -302,8 +538,8 @@ def run_job(job_dir, view_dir, lib_dir, settings, slot=0):
     try:
         while proc.poll() is None:
             time.sleep(0.1)
-            procs = _tree(proc.pid)
-            rss = _rss(procs)
+            # with a cgroup the kernel caps memory itself; the PSS watchdog is the fallback
+            rss = 0 if cgroup is not None else _rss(_tree(proc.pid))
             peak = max(peak, rss)
             if rss > settings.total_mem_mb * 2 ** 20:
                 reason = (f"the notebook's processes held more than {settings.total_mem_mb} MB of memory "
@@ -323,6 +559,16 @@ def run_job(job_dir, view_dir, lib_dir, settings, slot=0):
         err.join(5)
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
+        if cgroup is not None:
+            ooms, peak = cgroup.oom_kills(), max(peak, cgroup.peak())
+            cgroup.remove()
+        if spec.get("uid") is not None:
+            clear_keyrings(spec["uid"])
+    if cgroup is not None and proc.returncode == 125 and not out.data():
+        raise SandboxFailure("the sandbox could not be placed in its cgroup")
+    if cgroup is not None and ooms and not reason:
+        # a process of the sandbox was killed at the cap: the run's results are not the notebook's
+        reason = memory_message(settings.total_mem_mb)
     if reason:
         raise SandboxFailure(reason)
     data = out.data()

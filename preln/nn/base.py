@@ -25,7 +25,8 @@ from collections import namedtuple
 
 import numpy as np
 
-from preln.ops.attention import AttentionCache, attention_forward, flash_attention_forward
+from preln.ops.attention import (AttentionCache, attention_forward, flash_attention_forward,
+                                 flash_attention_train)
 from preln.precision import Watch, resolve_dtype, resolve_policy
 from preln.validation import (check_bool, check_choice, check_float_array, check_input,
                               check_same_shape, check_state_keys, positive_int)
@@ -244,13 +245,17 @@ class BlockBase(Module):
     def _sdpa(self, q, k, v, kpm, causal, watch, kv, fused, drop_p=0.0, rng=None):  # -> o, cache
         """The attention core of both families, on (B, heads, S, d_h) q, k, v: with ``kv`` a decode
         step (the new keys and values join the cache, the queries read it all; nothing kept for a
-        backward), in eval mode the tiled kernel (never holds the (B, H, S, S) scores; the backward
-        recomputes P), else the plain one (keeps P; dropout on it in training)."""
+        backward), tiled in training (FlashAttention-2: keeps O and the log-sum-exp, dropout redrawn
+        per tile from a seed), in eval mode the tiled kernel (never holds the (B, H, S, S) scores;
+        the backward recomputes P), else the plain one (keeps P; dropout on it in training)."""
         pol, w = self.policy, watch.scope("attn")
         if kv is not None:
             t0 = kv.length
             k_all, v_all = kv.append(k, v)                        # (B, heads, t0 + n, d_h), views
             return flash_attention_forward(q, k_all, v_all, None, True, pol, w, q_offset=t0), None
+        if self._tiled() and self.training:                       # O and L only; P recomputed per tile
+            seed = int(rng.integers(2 ** 63)) if drop_p > 0 else 0    # the dropout tiles' seed
+            return flash_attention_train(q, k, v, kpm, causal, drop_p, seed, pol)
         if self._tiled():
             o = flash_attention_forward(q, k, v, kpm, causal, pol, w)
             return o, AttentionCache(q, k, v, None, None, 0.0, kpm, causal, pol)

@@ -271,7 +271,8 @@ class TransformerBlock(BlockBase):
     policy: "safe" | "naive" | a :class:`preln.Policy` -- where 16-bit arithmetic happens.
     check_finite: raise FloatingPointError naming the first op whose output is not finite.
     trace: record that op in ``block.overflow`` (an :class:`preln.Overflow`, or None) without raising.
-    attention: "auto" (tiled in eval mode, plain in training mode), "plain" or "tiled".
+    attention: "auto" (tiled in eval mode, plain in training mode), "plain" or "tiled" (in
+        training: FlashAttention-2's forward and backward, O(S) memory, dropout redrawn per tile).
     fused: True -- the fused kernels where they apply (see the module docstring); False -- every op
         as a separate numpy call.
     """

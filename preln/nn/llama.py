@@ -51,7 +51,7 @@ from preln.ops.swiglu import SwiGLUCache, swiglu_backward, swiglu_forward
 from preln.precision import SAFE, Watch, elementwise_dtype
 
 __all__ = ["LlamaConfig", "LlamaBlock", "LlamaKVCache", "LlamaOpByOp", "LlamaFused", "llama_param_shapes",
-           "INIT_STD"]
+           "llama_ffn_width", "INIT_STD"]
 
 #: transformers' ``LlamaConfig.initializer_range``: the std of every initial weight
 INIT_STD = 0.02
@@ -108,6 +108,16 @@ class LlamaConfig:
     def n_groups(self):
         """G = H / H_kv, the query heads that share one key/value head."""
         return self.n_heads // self.n_kv_heads
+
+
+def llama_ffn_width(d_model, multiplier=1.0, multiple_of=256):
+    """F as Meta's Llama model.py sets it: 2/3 of 4 D, times ``ffn_dim_multiplier``, rounded up to a
+    multiple of ``multiple_of`` (Llama 2 7B: D = 4096 -> 11008; Llama 3 8B: 1.3, 1024 -> 14336)."""
+    d_model = positive_int(d_model, "d_model")
+    multiple_of = positive_int(multiple_of, "multiple_of")
+    positive_float(multiplier, "multiplier")
+    hidden = int(multiplier * int(2 * 4 * d_model / 3))
+    return multiple_of * -(-hidden // multiple_of)
 
 
 def llama_param_shapes(config):

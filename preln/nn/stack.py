@@ -14,12 +14,19 @@ Parameter names follow ``torch.nn.TransformerEncoder``: ``layers.3.linear1.weigh
 A causal stack decodes with one KV cache per layer (:class:`StackKVCache`): layer l's cache holds
 the keys and values computed from x_{l-1}, so ``stack.decode`` runs every layer on the new positions
 only, as :meth:`preln.TransformerBlock.decode` does for one block.
+
+Activation checkpointing (``checkpoint=True``; Chen et al. 2016, arXiv 1604.06174): the forward
+keeps each block's input x_{l-1} (and its dropout RNG state) and drops the block's cache; the
+backward runs block l's forward again just before its backward. Peak memory ~ L (B S D) + one
+block's activations instead of L blocks' activations; time ~ one more forward. The recomputation
+runs the same numpy calls on the same arrays with the same random draws, so the gradients are
+bit-identical to the stack without checkpointing.
 """
 import numpy as np
 
 from preln.nn.base import Module
 from preln.nn.block import TransformerBlock, param_shapes
-from preln.validation import as_array, check_choice, check_same_shape, check_state_keys, positive_int
+from preln.validation import as_array, check_bool, check_choice, check_same_shape, check_state_keys, positive_int
 from preln.nn.config import BlockConfig
 from preln.ops import layer_norm_backward, layer_norm_forward
 from preln.precision import resolve_dtype
@@ -97,7 +104,7 @@ class TransformerStack(Module):
     """
 
     def __init__(self, config, n_layers, final_norm=None, dtype=np.float64, seed=0, init="torch",
-                 attention="plain"):
+                 attention="plain", checkpoint=False):
         if not isinstance(config, BlockConfig):
             raise TypeError(f"config: expected a preln.BlockConfig; got {type(config).__name__}")
         n_layers = positive_int(n_layers, "n_layers")
@@ -106,6 +113,8 @@ class TransformerStack(Module):
         check_choice(init, ("torch", "xavier"), "init")
         self.config = config
         self.n_layers = n_layers
+        self.checkpoint = check_bool(checkpoint, "checkpoint")
+        self._inputs = None           # checkpoint: [(x_{l-1}, rng state before block l)] per layer
         self.final_norm = config.norm_first if final_norm is None else bool(final_norm)
         self.dtype = resolve_dtype(dtype)
         ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
@@ -178,8 +187,13 @@ class TransformerStack(Module):
         the input and each block's output (before the final LayerNorm), each (B, S, D).
         """
         hidden = [x]
+        self._inputs = [] if self.checkpoint else None
         for layer in self.layers:
+            if self.checkpoint:                                     # keep the block's input and its
+                self._inputs.append((x, key_padding_mask, layer.rng.bit_generator.state))  # dropout state
             x = layer(x, key_padding_mask)                          # x_l = Block_l(x_{l-1})   (B, S, D)
+            if self.checkpoint:
+                layer._cache = None                                 # ... and drop its activations
             hidden.append(x)
         self._shape = x.shape
         if self.final_norm:
@@ -221,6 +235,15 @@ class TransformerStack(Module):
             dx, dgamma, dbeta = layer_norm_backward(dx, self._norm_cache)
             self.norm_grads["weight"] += dgamma
             self.norm_grads["bias"] += dbeta
-        for layer in reversed(self.layers):                         # x_l = Block_l(x_{l-1})
+        for l in reversed(range(self.n_layers)):                    # x_l = Block_l(x_{l-1})
+            layer = self.layers[l]
+            if self.checkpoint:                                     # recompute block l's forward:
+                x, kpm, state = self._inputs[l]                     # same input, same dropout draws,
+                after = layer.rng.bit_generator.state               # same ops in the same order
+                layer.rng.bit_generator.state = state
+                layer(x, kpm)
+                layer.rng.bit_generator.state = after
             dx = layer.backward(dx)
+            if self.checkpoint:
+                layer._cache = None                                 # one block's activations at a time
         return dx

@@ -7,6 +7,10 @@ policy, no dropout, no tracer) its softmax -- scale, mask, max, exp, sum, divide
 over the scores (:func:`preln.ops.fused.softmax`), and so is the softmax's backward. The tiled
 path (FlashAttention, Dao et al. 2022, arXiv 2205.14135) walks key tiles with the online-softmax
 recurrence and never holds more than one (B, H, Tq, Tk) tile of scores; it is what eval mode runs.
+In training, :func:`flash_attention_train` keeps O and the log-sum-exp only, and
+:func:`flash_attention_backward` (FlashAttention-2, Dao 2023, arXiv 2307.08691) recomputes P tile
+by tile from them; dropout masks are redrawn per tile from a seed. :func:`attention_backward`
+takes either cache.
 
 Grouped-query attention (GQA, Ainslie et al. 2023, arXiv 2305.13245): k and v may have fewer heads
 than q, H_kv dividing H (H_kv = 1 is multi-query attention, Shazeer 2019, arXiv 1911.02150; H_kv = H
@@ -167,6 +171,8 @@ def attention_backward(dout, cache, out=None, fused=False):  # (B, H, S, d_h) ->
     into it and the in-projection's backward needs no concatenate. fused: recompute P and take the
     softmax's backward with the fused kernels (float32/float64, safe policy, no dropout).
     """
+    if isinstance(cache, FlashCache):                                 # the tiled training forward's
+        return flash_attention_backward(dout, cache, out)
     q, k, v, p, drop_mask, dropout_p, kpm, causal, policy = cache
     ct = compute_dtype(dout.dtype, policy)
     if p is None and fused:                                           # recompute P (eval-mode cache)
@@ -249,3 +255,150 @@ def flash_attention_forward(q, k, v, key_padding_mask=None, causal=False, policy
             m = m_new
         out[:, :, i0:i1] = watch("normalize", o / np.where(l == 0, 1, l), o)  # fully masked: 0
     return out
+
+
+class FlashCache(NamedTuple):
+    """What the tiled training forward keeps: the inputs, O and the log-sum-exp L -- O(S) memory.
+    The dropout mask is not kept: tile (i0, j0) is redrawn from ``seed`` (:func:`dropout_tile`)."""
+    q: np.ndarray            # (B, H, S, d_h)
+    k: np.ndarray            # (B, H_kv, S, d_h)
+    v: np.ndarray            # (B, H_kv, S, d_h)
+    o: np.ndarray            # (B, H, S, d_h), the output, in the compute dtype
+    lse: np.ndarray          # (B, H, S, 1), L = m + log l; +inf where a query sees no key
+    seed: int                # the dropout tiles' seed (unused when dropout_p == 0)
+    dropout_p: float
+    key_padding_mask: np.ndarray
+    causal: bool
+    policy: object
+    q_tile: int
+    k_tile: int
+
+
+def dropout_tile(seed, p, shape, i0, j0):  # -> (B, H, Tq, Tk) keep-mask of the tile at (i0, j0)
+    """The dropout keep-mask of the score tile whose first query is i0 and first key j0: a function
+    of (seed, i0, j0) only, so the backward redraws exactly the forward's mask, tile by tile,
+    instead of storing (B, H, S, S) booleans (FlashAttention keeps the RNG state the same way)."""
+    return np.random.default_rng([seed, i0, j0]).random(shape, dtype=np.float32) >= p
+
+
+def flash_dropout_mask(cache):  # -> (B, H, Sq, Sk) bool, the whole mask, for tests and teaching
+    """The full keep-mask a :class:`FlashCache`'s tiles make (causally skipped tiles: all kept)."""
+    B, H, Sq, _ = cache.q.shape
+    Sk = cache.k.shape[2]
+    mask = np.ones((B, H, Sq, Sk), bool)
+    for i0, i1, j0, j1 in _tiles(Sq, Sk, cache.q_tile, cache.k_tile, cache.causal):
+        mask[:, :, i0:i1, j0:j1] = dropout_tile(cache.seed, cache.dropout_p, (B, H, i1 - i0, j1 - j0), i0, j0)
+    return mask
+
+
+def _tiles(Sq, Sk, q_tile, k_tile, causal):  # -> (i0, i1, j0, j1) of every tile that can see a key
+    for i0 in range(0, Sq, q_tile):
+        i1 = min(i0 + q_tile, Sq)
+        k_end = min(Sk, i1) if causal else Sk                          # causal: later keys all masked
+        for j0 in range(0, k_end, k_tile):
+            yield i0, i1, j0, min(j0 + k_tile, k_end)
+
+
+def _check_tiling(dropout_p, q_tile, k_tile):
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p: expected a probability in [0, 1); got {dropout_p!r}")
+    for name, t in (("q_tile", q_tile), ("k_tile", k_tile)):
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 1:
+            raise ValueError(f"{name}: expected a positive int; got {t!r}")
+
+
+def flash_attention_train(q, k, v, key_padding_mask=None, causal=False, dropout_p=0.0, seed=0,
+                          policy=SAFE, q_tile=Q_TILE, k_tile=K_TILE):  # -> (out, FlashCache)
+    """Tiled attention for training: O = dropout(P) V with the online softmax (Dao 2023, FlashAttention-2,
+    arXiv 2307.08691, Algorithm 1), keeping only O and L = m + log l per query for the backward.
+
+    Dropout multiplies the unnormalised tile exp(S_j - m) by its keep-mask / (1 - p) before the
+    product with V_j; the row sum l is of the undropped values, so O = dropout(softmax(S)) V as in
+    the plain path. Extra memory: one (B, H, q_tile, k_tile) tile.
+    """
+    check_heads(q, k, v)
+    _check_tiling(dropout_p, q_tile, k_tile)
+    ct = compute_dtype(q.dtype, policy)
+    B, H, Sq, dh = q.shape
+    Sk = k.shape[2]
+    out = np.zeros(q.shape, dtype=ct)
+    m = np.full((B, H, Sq, 1), -np.inf, dtype=ct)                     # running row max
+    l = np.zeros((B, H, Sq, 1), dtype=ct)                              # running row sum of exp
+    keep = ct.type(1.0 / (1.0 - dropout_p))
+    for i0, i1, j0, j1 in _tiles(Sq, Sk, q_tile, k_tile, causal):
+        s = _scores(q[:, :, i0:i1], k[:, :, j0:j1], policy, ct)         # (B, H, Tq, Tk)
+        bias = mask_bias(key_padding_mask, causal, i1 - i0, j1 - j0, i0, j0)
+        if bias is not None:
+            s += bias.astype(ct, copy=False)
+        mi, li, oi = m[:, :, i0:i1], l[:, :, i0:i1], out[:, :, i0:i1]  # views: updated in place
+        m_new = np.maximum(mi, s.max(axis=-1, keepdims=True))          # m' = max(m, rowmax(S_j))
+        shift = np.where(np.isfinite(m_new), m_new, 0)                 # no visible key yet: exp(-inf) = 0
+        p = np.exp(s - shift)                                          # P_j = exp(S_j - m')
+        alpha = np.exp(mi - shift)                                     # e^(m - m'); 0 at m = -inf
+        li[...] = alpha * li + p.sum(axis=-1, keepdims=True)           # l' = e^(m - m') l + rowsum(P_j)
+        if dropout_p > 0:
+            p *= dropout_tile(seed, dropout_p, p.shape, i0, j0) * keep  # dropout on the tile
+        oi[...] = alpha * oi + _gmm(p, v[:, :, j0:j1].astype(ct, copy=False))  # O' = e^(m-m') O + P_j V_j
+        mi[...] = m_new
+    seen = l > 0
+    out /= np.where(seen, l, 1)                                        # fully masked rows: 0
+    with np.errstate(divide="ignore"):
+        lse = np.where(seen, m + np.log(np.where(seen, l, 1)), np.inf)  # L = m + log l; +inf: P = 0
+    cache = FlashCache(q, k, v, out, lse, int(seed), float(dropout_p), key_padding_mask, bool(causal),
+                       policy, int(q_tile), int(k_tile))
+    return out.astype(q.dtype, copy=False), cache
+
+
+def flash_attention_backward(dout, cache, out=None):  # (B, H, S, d_h) -> dq, dk, dv
+    """FlashAttention-2's backward: P recomputed tile by tile from L, never (B, H, S, S).
+
+        D_i = rowsum(dO_i * O_i);  P_ij = exp(tau Q_i K_j^T - L_i);  P~_ij = dropout(P_ij)
+        dV_j += P~_ij^T dO_i;  dP~_ij = dO_i V_j^T;  dP_ij = dropout'(dP~_ij)
+        dS_ij = P_ij * (dP_ij - D_i);  dQ_i += tau dS_ij K_j;  dK_j += tau dS_ij^T Q_i
+
+    D_i equals rowsum(P * dP) of the plain backward: sum_j P~_ij (dO_i . v_j) = dO_i . O_i, dropout
+    included, so the softmax's backward needs no row of P beyond the tile. ``out`` as in
+    :func:`attention_backward`.
+    """
+    q, k, v, o, lse, seed, dropout_p, kpm, causal, policy, q_tile, k_tile = cache
+    _check_dout(dout, q.shape)
+    ct = compute_dtype(dout.dtype, policy)
+    B, H, Sq, dh = q.shape
+    Sk, n_kv = k.shape[2], k.shape[1]
+    tau = ct.type(1.0 / np.sqrt(dh))
+    keep = ct.type(1.0 / (1.0 - dropout_p))
+    doc, qc = dout.astype(ct, copy=False), q.astype(ct, copy=False)
+    kc, vc = k.astype(ct, copy=False), v.astype(ct, copy=False)
+    dq = np.zeros(q.shape, ct)
+    dk, dv = np.zeros(k.shape, ct), np.zeros(v.shape, ct)
+    d = np.sum(doc * o, axis=-1, keepdims=True)                        # D = rowsum(dO * O)   (B, H, S, 1)
+    for i0, i1, j0, j1 in _tiles(Sq, Sk, q_tile, k_tile, causal):
+        s = _scores(qc[:, :, i0:i1], kc[:, :, j0:j1], policy, ct)       # S_ij   (B, H, Tq, Tk)
+        bias = mask_bias(kpm, causal, i1 - i0, j1 - j0, i0, j0)
+        if bias is not None:
+            s += bias.astype(ct, copy=False)
+        p = np.exp(s - lse[:, :, i0:i1])                               # P_ij = exp(S_ij - L_i)
+        do_i = doc[:, :, i0:i1]
+        dp = _gmm(do_i, vc[:, :, j0:j1].swapaxes(-1, -2))              # dP~ = dO_i V_j^T
+        if dropout_p > 0:
+            mask = dropout_tile(seed, dropout_p, p.shape, i0, j0) * keep
+            dv[:, :, j0:j1] += _gmm_t(p * mask, do_i, n_kv)            # dV_j += P~^T dO_i
+            dp *= mask                                                 # dP = dropout'(dP~)
+        else:
+            dv[:, :, j0:j1] += _gmm_t(p, do_i, n_kv)                   # dV_j += P^T dO_i
+        ds = p * (dp - d[:, :, i0:i1])                                 # dS = P * (dP - D_i)
+        dq[:, :, i0:i1] += _gmm(ds, kc[:, :, j0:j1])                   # dQ_i += dS K_j  (tau below)
+        dk[:, :, j0:j1] += _gmm_t(ds, qc[:, :, i0:i1], n_kv)           # dK_j += dS^T Q_i
+    dq *= tau
+    dk *= tau
+    grads = tuple(g.astype(dout.dtype, copy=False) for g in (dq, dk, dv))
+    if out is None:
+        return grads
+    for dst, g in zip(out, grads):
+        dst[...] = g
+    return tuple(out)
+
+
+def _check_dout(dout, shape):
+    if getattr(dout, "shape", None) != shape:
+        raise ValueError(f"dout: expected shape {shape} (q's); got {getattr(dout, 'shape', type(dout).__name__)}")

@@ -14,6 +14,9 @@ is ever made -- and accumulate in float32:
 
 ``matvec_f32``   y_m = sum_k W_mk x_k (the same loop on float32 weights, beside BLAS's sgemv)
 ``matvec_int8``  y_m = S_m sum_k q_mk x_k  (per-row scales; q int8)
+``matvec_uint8`` y_m = sum_j S_mj (sum_{k in group j} q_mk x_k - Z_mj sum_{k in group j} x_k)
+                 (one code in [0, 255] per byte, a scale and zero point per group: the 5..8-bit
+                 group grid of :mod:`preln.quant.groups`; G = 1 is per-row)
 ``matvec_int4``  y_m = sum_j S_mj (sum_{k in group j} q_mk x_k - Z_mj sum_{k in group j} x_k)
                  (4-bit codes packed two per byte by :func:`preln.quant.groups.pack_int4`; the zero
                  point comes out of the inner loop through the group sums of x, computed once)
@@ -33,7 +36,7 @@ from numba import njit
 
 from preln.blas import blas_threads
 
-__all__ = ["matvec_f32", "matvec_int8", "matvec_int4", "MatvecTiming", "time_matvecs"]
+__all__ = ["matvec_f32", "matvec_int8", "matvec_uint8", "matvec_int4", "MatvecTiming", "time_matvecs"]
 
 _JIT = dict(nogil=True, cache=True, error_model="numpy", fastmath={"reassoc", "contract", "nsz"})
 
@@ -57,6 +60,38 @@ def _int8(q, scale, x, y):  # (M, K) int8, (M,), (K,) -> (M,)
         for k in range(K):
             acc += np.float32(q[m, k]) * x[k]
         y[m] = acc * scale[m]
+    return y
+
+
+@njit(**_JIT)
+def _group_sums(xg):  # (G, g) -> (G,) float32: the sum of x over each group
+    G, g = xg.shape
+    out = np.zeros(G, np.float32)
+    for j in range(G):
+        t = np.float32(0)
+        for k in range(g):
+            t += xg[j, k]
+        out[j] = t
+    return out
+
+
+@njit(**_JIT)
+def _uint8(q, scale, zero, x, y):  # (M, K) uint8, (M, G), (M, G), (K,) -> (M,)
+    M, K = q.shape
+    G = scale.shape[1]
+    g = K // G
+    xg = x.reshape(G, g)
+    xsum = _group_sums(xg)
+    qg = q.reshape(M, G, g)
+    for m in range(M):
+        acc = np.float32(0)
+        for j in range(G):
+            t = np.float32(0)
+            row, a = qg[m, j], xg[j]
+            for k in range(g):
+                t += np.float32(row[k]) * a[k]
+            acc += scale[m, j] * (t - zero[m, j] * xsum[j])
+        y[m] = acc
     return y
 
 
@@ -112,6 +147,24 @@ def matvec_int8(q, scale, x):  # (M, K) int8, (M,) -> (M,) float32
     return _int8(q, scale, _vector(x, q.shape[1]), np.empty(q.shape[0], np.float32))
 
 
+def _group_params(scale, zero, M, width, name):  # -> (M, G) float32 scale and zero, G dividing width
+    scale = np.ascontiguousarray(scale, np.float32)
+    zero = np.ascontiguousarray(zero, np.float32)
+    if scale.ndim != 2 or scale.shape[0] != M or zero.shape != scale.shape or width % scale.shape[1]:
+        raise ValueError(f"scale, zero: expected (M, G) = ({M}, G) each with G dividing the "
+                         f"{width} {name} of a row; got {scale.shape} and {zero.shape}")
+    return scale, zero
+
+
+def matvec_uint8(q, scale, zero, x):  # (M, K) uint8, (M, G), (M, G) -> (M,) float32
+    """y = W^ x with W^ = S (q - Z) in G groups per row, one uint8 code per weight."""
+    q = np.ascontiguousarray(q)
+    if q.dtype != np.uint8 or q.ndim != 2:
+        raise TypeError(f"q: expected a 2-D uint8 array of codes; got dtype {q.dtype}, shape {q.shape}")
+    scale, zero = _group_params(scale, zero, q.shape[0], q.shape[1], "columns")
+    return _uint8(q, scale, zero, _vector(x, q.shape[1]), np.empty(q.shape[0], np.float32))
+
+
 def matvec_int4(packed, scale, zero, x):  # (M, K/2) uint8, (M, G), (M, G) -> (M,) float32
     """y = W^ x with W^ = S (q - Z) in G groups per row, from codes packed by pack_int4."""
     packed = np.ascontiguousarray(packed)
@@ -119,11 +172,7 @@ def matvec_int4(packed, scale, zero, x):  # (M, K/2) uint8, (M, G), (M, G) -> (M
         raise TypeError(f"packed: expected a 2-D uint8 array (pack_int4); got dtype {packed.dtype}, "
                         f"shape {packed.shape}")
     M, half = packed.shape
-    scale = np.ascontiguousarray(scale, np.float32)
-    zero = np.ascontiguousarray(zero, np.float32)
-    if scale.ndim != 2 or scale.shape[0] != M or zero.shape != scale.shape or half % scale.shape[1]:
-        raise ValueError(f"scale, zero: expected (M, G) = ({M}, G) each with G dividing the "
-                         f"{half} bytes of a row; got {scale.shape} and {zero.shape}")
+    scale, zero = _group_params(scale, zero, M, half, "bytes")
     return _int4(packed, scale, zero, _vector(x, 2 * half), np.empty(M, np.float32))
 
 

@@ -13,7 +13,8 @@ from preln.quant.groups import MAX_BITS, SCALE_BYTES, rtn
 from preln.quant.int8 import LINEAR_WEIGHTS, block_forward
 from preln.validation import check_bits, check_choice, check_input, check_mask
 
-__all__ = ["METHODS", "WeightOnlyLinear", "WeightOnlyBlock", "WeightOnlyLM", "quantize_weights"]
+__all__ = ["METHODS", "WeightOnlyLinear", "WeightOnlyBlock", "WeightOnlyLM", "check_quantize_args",
+           "quantize_weights"]
 
 #: the methods of :func:`quantize_weights`
 METHODS = ("rtn", "gptq", "awq")
@@ -102,6 +103,18 @@ def _quantize_linear(method, w, b, x, bits, group_size, symmetric, options, outp
     return WeightOnlyLinear(res.quant, b, in_scale=res.scale)
 
 
+def check_quantize_args(method, bits, calib, options, caller):
+    """The checks every weight-only quantiser makes -> bits: a method of METHODS, bits in range,
+    no options for RTN, calibration ids for GPTQ and AWQ."""
+    check_choice(method, METHODS, "method")
+    bits = check_bits(bits, hi=MAX_BITS)
+    if method == "rtn" and options:
+        raise TypeError(f"{caller}: method 'rtn' takes no options; got {sorted(options)}")
+    if method != "rtn" and calib is None:
+        raise ValueError(f"calib: method {method!r} needs calibration token ids (B, S); got None")
+    return bits
+
+
 def quantize_weights(lm, method, bits=4, group_size=None, calib=None, symmetric=False, **options):
     """A weight-only quantised copy of a :class:`preln.models.lm.TinyLM` -> :class:`WeightOnlyLM`.
 
@@ -110,14 +123,9 @@ def quantize_weights(lm, method, bits=4, group_size=None, calib=None, symmetric=
     """
     if not isinstance(lm, TinyLM):
         raise TypeError(f"lm: expected a preln.models.lm.TinyLM; got {type(lm).__name__}")
-    check_choice(method, METHODS, "method")
-    bits = check_bits(bits, hi=MAX_BITS)
-    if method == "rtn" and options:
-        raise TypeError(f"quantize_weights: method 'rtn' takes no options; got {sorted(options)}")
+    bits = check_quantize_args(method, bits, calib, options, "quantize_weights")
     h = None
     if method != "rtn":
-        if calib is None:
-            raise ValueError(f"calib: method {method!r} needs calibration token ids (B, S); got None")
         h, _ = lm.io.embed(lm.own, calib, name="calib")                # (B, S, D)
     blocks = []
     for layer in lm.stack.layers:

@@ -3,7 +3,9 @@
 Its text (extracted with pypdf) holds every chapter's title and every figure caption of the site,
 the explorables' captions with the settings of the frame printed, and no navigation; each chapter
 has a bookmark and starts a page; formulas are typeset (no TeX source left) and the figures are
-there. Pages come from _toc.yml.
+there. It is tagged (issue 24): one structure tree with every chapter's headings, its tables and
+its figures' alt text, the language and title set, and bookmarks that are the headings' plain
+text, formulas included. Pages come from _toc.yml.
 """
 from __future__ import annotations
 
@@ -173,3 +175,134 @@ def test_math_is_typeset_and_figures_are_present():
                    for name in toc_files())
     assert expected >= 10, f"only {expected} raster images in the site's chapters"
     assert n_images >= expected, f"{expected} images in the site's chapters, {n_images} in the PDF"
+
+
+# ---- tagging (issue 24): one structure tree for the whole book ------------------------------------
+
+def _struct_elements(reader) -> list:
+    """Every structure element of the PDF's tree (/StructTreeRoot), in document order."""
+    root = reader.trailer["/Root"]
+    assert "/StructTreeRoot" in root, "the PDF has no structure tree (untagged)"
+    out, stack = [], [root["/StructTreeRoot"].get_object()]
+    while stack:
+        node = stack.pop()
+        if "/S" in node:
+            out.append(node)
+        kids = node.get("/K")
+        kids = kids if isinstance(kids, list) else [] if kids is None else [kids]
+        # marked-content ids (numbers) and marked-content references are leaves, not elements
+        stack += reversed([k.get_object() for k in kids
+                           if hasattr(k.get_object(), "get") and k.get_object().get("/Type") != "/MCR"])
+    return out
+
+
+def _site_lang() -> str:
+    return re.search(r'<html lang="([^"]+)"', _site_page(toc_files()[0]))[1]
+
+
+def test_the_pdf_is_tagged_with_language_and_title():
+    reader, _ = _pdf()
+    root = reader.trailer["/Root"]
+    assert "/StructTreeRoot" in root, "the PDF has no structure tree (untagged): a screen reader gets no headings"
+    # (pypdf's BooleanObject equals True; it is not the object True)
+    assert root.get("/MarkInfo", {}).get("/Marked") == True, "the PDF is not marked as tagged (/MarkInfo /Marked)"  # noqa: E712
+    assert root.get("/Lang") == _site_lang(), f"/Lang is {root.get('/Lang')!r}, the site's pages say {_site_lang()!r}"
+    doc_title = (root.get("/ViewerPreferences") or {}).get("/DisplayDocTitle")
+    assert doc_title == True, "DisplayDocTitle is not set: a reader's title bar shows the file name, not the title"  # noqa: E712
+    assert reader.metadata.title == BOOK_TITLE, f"the PDF's title is {reader.metadata.title!r}"
+    assert reader.metadata.author, "the PDF names no author"
+
+
+def _article_count(pattern: str) -> int:
+    return sum(len(re.findall(pattern, _article(name))) for name in toc_files())
+
+
+def test_the_structure_has_chapters_sections_tables_and_figures_with_alt():
+    reader, _ = _pdf()
+    elements = _struct_elements(reader)
+    kinds = [str(e["/S"]) for e in elements]
+    # one H1 per chapter: the chapters' trees were not dropped when the book was put together
+    assert kinds.count("/H1") == len(toc_files()), f"{kinds.count('/H1')} H1 elements, {len(toc_files())} chapters"
+    assert kinds.count("/H2") >= len(toc_files()), f"only {kinds.count('/H2')} H2 elements"
+    tables = _article_count(r"<table\b")
+    assert kinds.count("/Table") >= tables, f"{tables} tables in the site's chapters, {kinds.count('/Table')} in the PDF"
+    assert "/TH" in kinds, "no table header cell (TH) in the PDF"
+    # a Figure that holds the image itself (not the <figure> around an image and its caption)
+    images = [e for e in elements if e["/S"] == "/Figure"
+              and not any(str(k.get_object().get("/S", "")) == "/Figure"
+                          for k in (e.get("/K") if isinstance(e.get("/K"), list) else [e.get("/K")])
+                          if k is not None and hasattr(k.get_object(), "get"))]
+    no_alt = [i for i, e in enumerate(images) if not str(e.get("/Alt", "")).strip()]
+    described = _article_count(r'<img\s[^>]*alt="[^"]+')
+    assert described >= 10, f"only {described} images with alt text in the site's chapters"
+    assert len(images) >= described, f"{described} images with alt text in the site, {len(images)} Figure elements"
+    assert not no_alt, f"{len(no_alt)} of {len(images)} figures in the PDF have no /Alt"
+
+
+def _site_headings() -> list[tuple[str, bool]]:
+    """Every heading of the site's chapters in reading order: its prose (formulas cut out) and
+    whether it holds a formula."""
+    out = []
+    for name in toc_files():
+        for inner in re.findall(r"<h[1-6][^>]*>(.*?)</h[1-6]>", _article(name), re.S):
+            inner = re.sub(r'<a class="headerlink".*?</a>', "", inner, flags=re.S)
+            out.append((inner, 'class="math' in inner))
+    return out
+
+
+def _flat_outline(reader) -> list[str]:
+    out, stack = [], list(reversed(reader.outline))
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack += reversed(item)
+        else:
+            out.append(item.title)
+    return out
+
+
+def test_bookmarks_are_the_headings_plain_text_with_formulas():
+    reader, _ = _pdf()
+    marks, headings = _flat_outline(reader), _site_headings()
+    assert len(marks) == len(headings), f"{len(headings)} headings in the site's chapters, {len(marks)} bookmarks"
+    wrong, with_math = [], 0
+    for mark, (inner, has_math) in zip(marks, headings):
+        # the bookmark's text is the heading's, in order: no doubled or run-together words
+        # ("LayerNormLayerNorm", "every tensor, everyFLOP"); a formula is kept as text, no TeX
+        # its text between formulas, tags removed without a space (`<code>pip</code>,` is "pip,")
+        prose = [" ".join(html.unescape(re.sub(r"<[^>]+>", "", p)).split())
+                 for p in re.split(r'<span class="math[^"]*">.*?</span>', inner, flags=re.S)]
+        prose = [p for p in prose if p]
+        at = 0
+        for part in prose:
+            at = mark.find(part, at)
+            if at < 0:
+                break
+            at += len(part)
+        if at < 0 or re.search(r"\b(\w{3,})\1\b", mark) or "\\" in mark:
+            wrong.append(f"{mark!r} for {_strip_tags(inner)!r}")
+        elif has_math:
+            with_math += 1
+            if len(_norm(mark)) <= len(_norm("".join(prose))):
+                wrong.append(f"{mark!r}: the formula of {_strip_tags(inner)!r} is missing")
+    assert not wrong, f"{len(wrong)} of {len(marks)} bookmarks are not the heading's text:\n  " + "\n  ".join(wrong[:20])
+    assert with_math >= 3, f"only {with_math} headings with a formula checked"
+    assert any("√" in m for m in marks), "no bookmark keeps a formula as text (Why 1/√d_h)"
+
+
+def test_links_between_chapters_stay_in_the_pdf():
+    reader, _ = _pdf()
+    internal, local = 0, []
+    for page in reader.pages:
+        for annot in page.get("/Annots") or []:
+            annot = annot.get_object()
+            action = annot.get("/A")
+            action = action.get_object() if action is not None else {}
+            if "/URI" in action:
+                if re.match(r"https?://(127\.0\.0\.1|localhost)[:/]", str(action["/URI"])):
+                    local.append(str(action["/URI"]))
+            elif "/Dest" in annot or action.get("/S") == "/GoTo":
+                internal += 1
+    assert not local, f"{len(local)} links point at the local server make pdf ran: {local[:5]}"
+    # cross-references (to a section, a figure, another chapter) are destinations inside the book
+    assert internal >= _article_count(r'<a class="reference internal" href="#'), f"only {internal} internal links"

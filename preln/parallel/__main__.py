@@ -1,0 +1,5 @@
+import sys
+
+from preln.parallel.distributed import main
+
+sys.exit(main())
