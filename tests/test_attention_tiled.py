@@ -89,7 +89,7 @@ def test_tiled_equals_plain_under_each_policy(policy, dtype, mask):
 
 
 # ---- the tiled training forward and FlashAttention-2's backward ---------------------------------
-from preln import BlockConfig, TransformerBlock                                  # noqa: E402
+from preln import BlockConfig, LlamaBlock, LlamaConfig, TransformerBlock          # noqa: E402
 from preln.gradcheck import numerical_gradient, rel_error                        # noqa: E402
 from preln.ops.attention import (AttentionCache, attention_backward, flash_attention_backward,  # noqa: E402
                                  flash_attention_train, flash_dropout_mask, mask_bias)
@@ -198,3 +198,30 @@ def test_flash_train_rejects_bad_arguments(kw, match):
     _, cache = flash_attention_train(q, q, q)
     with pytest.raises(ValueError, match="dout"):
         flash_attention_backward(np.zeros((1, 1, 3, 2)), cache)
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1])          # MHA, GQA, MQA
+def test_tiled_training_llama_block_equals_plain_block(n_kv_heads):
+    """LlamaBlock in training mode (RoPE, causal, grouped key/value heads, a padding mask and
+    left-padded positions), attention="tiled" against "plain": output, input gradient and every
+    parameter gradient to round-off, with only O and the log-sum-exp kept by the tiled path."""
+    cfg = LlamaConfig(d_model=16, n_heads=4, n_kv_heads=n_kv_heads, d_ff=24, rope_theta=100.0)
+    rng = np.random.default_rng(3)
+    B, S = 2, 300
+    x, dy = rng.standard_normal((B, S, 16)), rng.standard_normal((B, S, 16))
+    kpm = np.zeros((B, S), bool)
+    kpm[1, :40] = True                                    # sequence 1 is left-padded by 40
+    positions = np.maximum(np.arange(S) - 40 * np.arange(B)[:, None], 0)   # its first token at 0
+    blocks = [LlamaBlock(cfg, dtype=np.float64, seed=1, attention=a) for a in ("plain", "tiled")]
+    ys, dxs = [], []
+    for b in blocks:
+        b.train()
+        ys.append(b(x, kpm, positions))
+        dxs.append(b.backward(dy))
+    assert type(blocks[1].cache.attn.sdpa).__name__ == "FlashCache"
+    assert tiled_error(ys[1], ys[0]) < GRAD_ROUNDOFF and tiled_error(dxs[1], dxs[0]) < GRAD_ROUNDOFF
+    assert blocks[0].grads.keys() == blocks[1].grads.keys()
+    for name, g in blocks[0].grads.items():
+        assert tiled_error(blocks[1].grads[name], g) < GRAD_ROUNDOFF, name
+    # what the tiled path keeps instead of the (B, H, S, S) probabilities: O and L, linear in S
+    assert blocks[1].cache_nbytes() < blocks[0].cache_nbytes() - B * cfg.n_heads * S * S * 8 // 2

