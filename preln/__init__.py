@@ -38,18 +38,19 @@ chapters -> course, grade (tests/test_layout.py checks it)::
     preln.quant             int8, int8_weight_only
         quantisation: int8 (scales, rounding, clamping, int32 accumulation, outliers), groups
         (weight-only group grids), gptq, awq, weight_only (quantised LMs), qmatvec (kernels)
-    preln.gguf              make bench
+    preln.gguf              real_model, make bench
         real models from GGUF files: load(path), smollm2_path(); file (Q8_0/Q4_0/Q4_1 blocks, the
         q/k row permutation), tokenizer (byte-level BPE, chat template), model, bench (decode speed)
     preln.serve             inference_serving
         serving: paged (a paged KV cache with block tables, continuous batching)
-    preln.parallel          python -m preln.parallel
+    preln.parallel          many_devices, python -m preln.parallel
         many devices: comm (ring collectives, simulated ranks or torch.distributed), tensor (Megatron
         tensor and sequence parallel shards of both blocks), distributed (python -m preln.parallel)
     preln.chapters          every chapter
         what only the book computes: shapes, numerics, xiong (Xiong et al. 2020), inference
         (roofline, bytes per op, FlashAttention I/O, prefill and decode costs), viz (the figure
-        style, kernel-free explorables), figures.<chapter>
+        style, kernel-free explorables), real_model (a GGUF header and its blocks by hand, the
+        grids and calibrated runs of SmolLM2), figures.<chapter>
     preln.grade             assignments
         the course edition's grader: python -m preln.grade SUBMISSIONS (sandboxed autograde to CSV),
         release (student notebooks), mutate (mutation score); see book/running.md

@@ -53,11 +53,16 @@ class Outcome:
     function in the notebook), "timeout", "died" (the kernel died during the call), "skipped" (not
     run), "unsupported" (returned an object that is not data: ``message`` names its type).
     ``args_before``/``args_after``: (args, kwargs) before and after the call, when kept.
+    Set by the grader for the arguments an :class:`unchanged` judges (handed to the answer
+    read-only): ``frozen_after`` ({argument: value} re-read from the grader's own files after the
+    run), ``written`` (the arguments the answer tried to write in place) and ``arg_names`` (the
+    function's parameter names, for the message).
     """
 
     def __init__(self, kind, value=None, exc_type=None, message="", args_before=None, args_after=None):
         self.kind, self.value, self.exc_type, self.message = kind, value, exc_type, message
         self.args_before, self.args_after = args_before, args_after
+        self.frozen_after, self.written, self.arg_names = None, [], None
 
     def __repr__(self):
         return f"Outcome({self.kind}, {self.exc_type or ''}{self.message[:40]!r})"
@@ -507,9 +512,25 @@ def _arg(args_kwargs, which):
     return kwargs[which]
 
 
+def _name(outcome, w):
+    names = outcome.arg_names or ()
+    if isinstance(w, int):
+        return f"`{names[w]}`" if w < len(names) else f"{w}"
+    return f"`{w}`"
+
+
+def _label(outcome, w):
+    return f"argument {_name(outcome, w)}"
+
+
+_ABSENT = object()
+
+
 class unchanged(Expectation):
     """The call leaves these arguments as they were (positions, or keyword names): the question asks
-    for new arrays, not updates in place. Needs :func:`call`."""
+    for new arrays, not updates in place. Needs :func:`call`. In the grader these arguments reach
+    the answer as read-only arrays (mappings of the grader's files): a write in place raises, and
+    what is compared is the files' bytes, re-read by the grader after the run."""
 
     needs_args = True
 
@@ -520,15 +541,26 @@ class unchanged(Expectation):
         self.which = which
 
     def verify(self, outcome):
+        written = [_name(outcome, w) for w in self.which if w in outcome.written]
+        if written:
+            told = f"argument {written[0]} was" if len(written) == 1 else f"arguments {', '.join(written)} were"
+            return f"{self.what}: {told} written in place; the task asks for new arrays"
         if outcome.args_before is None or outcome.args_after is None:
             if outcome.kind not in ("value", "raised"):
                 return f"{self.what}: {outcome.problem()}"
             return f"{self.what}: the arguments were not kept (use call(answer, ...))"
+        frozen = outcome.frozen_after or {}
         for w in self.which:
-            before, after = _arg(outcome.args_before, w), _arg(outcome.args_after, w)
-            if not _same(before, after):
-                label = f"argument {w}" if isinstance(w, int) else f"argument {w}="
-                return f"{self.what}: your function changed {label} in place"
+            before = _arg(outcome.args_before, w)
+            # the grader's re-read files (the arrays), and what the kernel sent back (a container's
+            # items replaced, say): either differing fails the check
+            try:
+                sent = _arg(outcome.args_after, w)
+            except (IndexError, KeyError):
+                sent = None                                  # a malformed reply: not the argument
+            for after in (frozen.get(w, _ABSENT), sent):
+                if after is not _ABSENT and not _same(before, after):
+                    return f"{self.what}: your function changed {_label(outcome, w)} in place"
         return None
 
 

@@ -35,18 +35,30 @@ TEST_ASSETS = VENDOR / "tests"    # loaded by the tests only
 # MathJax's TeX autoload fetches these on first use of their macros (\boldsymbol, \cancel,
 # \color, \braket, \coloneqq ...). Anything else is a 404 that the browser tests report.
 MATHJAX_TEX_EXTENSIONS = ["boldsymbol", "cancel", "color", "braket", "mathtools", "bbox", "enclose"]
+# MathJax's accessibility components (issue 24): semantic-enrich (with the speech rule engine,
+# a11y/sre, and the MathML input it needs, input/mml) gives every formula a spoken name on load
+# (_config.yml loads it); explorer and complexity are what the formula menu's Accessibility
+# items load on demand (without them, 404s offline). The speech rule engine reads its rules from
+# sre/mathmaps/: English (the book's language), the locale-independent base, and Nemeth (the
+# menu's Braille option).
+MATHJAX_A11Y = ["semantic-enrich", "sre", "explorer", "complexity"]
+MATHJAX_MATHMAPS = ["base", "en", "nemeth"]
 
 # package spec -> (licence, {file inside the tarball's package/ : destination under vendor/<root>/}),
 # root "assets" (the default: the site) or "tests"
 PACKAGES: dict[str, dict] = {
     "mathjax@3.2.2": {
         "license": "Apache-2.0",
-        "why": "TeX -> CommonHTML typesetting (Sphinx mathjax_path); its woff fonts; a few TeX extensions",
+        "why": "TeX -> CommonHTML typesetting (Sphinx mathjax_path); its woff fonts; a few TeX extensions; "
+               "speech for every formula (a11y: semantic-enrich, the speech rule engine, the explorer)",
         "files": {
             "es5/tex-chtml.js": "mathjax/tex-chtml.js",
             "es5/output/chtml/fonts/woff-v2/": "mathjax/output/chtml/fonts/woff-v2/",
             **{f"es5/input/tex/extensions/{x}.js": f"mathjax/input/tex/extensions/{x}.js"
                for x in MATHJAX_TEX_EXTENSIONS},
+            "es5/input/mml.js": "mathjax/input/mml.js",
+            **{f"es5/a11y/{x}.js": f"mathjax/a11y/{x}.js" for x in MATHJAX_A11Y},
+            **{f"es5/sre/mathmaps/{x}.json": f"mathjax/sre/mathmaps/{x}.json" for x in MATHJAX_MATHMAPS},
             "LICENSE": "mathjax/LICENSE",
         },
     },

@@ -1,5 +1,6 @@
 """The course edition, slow part 2 (`make test-course`): the fixture class of tests/fixtures/course/
-graded by `make grade`'s script, sandboxed, two students at a time, on derivation_ops and int8.
+graded by `make grade`'s script, sandboxed, two students at a time, on derivation_ops and int8 (and
+issue 22's students on derivation_block and preln_vs_postln).
 
 Honest work in any style (einsum, loops, other formulas, a computation that warns on stderr) gets
 full marks; every cheat (preln/grade/make_fixtures.py lists them: reading the solutions from
@@ -11,6 +12,7 @@ submissions' sandboxes changes — checked here independently of the grader's ow
 import csv
 import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -26,7 +28,9 @@ pytest.importorskip("nbgrader", reason="the course edition needs requirements-co
 TIMEOUT_S, CALL_TIMEOUT_S = 20, 10
 #: the sandbox's memory cap for all its processes: tina's memory hogs must hit it
 TOTAL_MEM_MB = 2048
-NAMES = ("derivation_ops", "int8")
+#: graded in this order (a worker grades a student's notebooks in it): kai's derivation_block, whose
+#: view holds preln.ops, before its derivation_ops, which looks for what the first one stored
+NAMES = ("derivation_block", "derivation_ops", "int8", "preln_vs_postln")
 EXPECTED = json.loads((FIXTURES / "expected.json").read_text())
 
 
@@ -120,3 +124,29 @@ def test_feedback_says_what_was_checked(graded):
     liam = (fb / "liam" / "derivation_ops.html").read_text()
     assert "softmax: computed" in liam                # its stderr is shown, and costs nothing
     assert "<script>alert" not in liam
+
+
+def _text(path):
+    import html
+    return html.unescape(re.sub(r"<[^>]+>", "", Path(path).read_text(errors="replace")))
+
+
+def test_issue_22_verdicts_cannot_be_read_or_steered(graded):
+    """The hidden inputs stay out of the feedback (sol prints them and updates an earlier cell's
+    display handle with them while the calls run); kai's keyring relay finds nothing; pia's
+    candidate-picking Adam fails q2; bea's in-place Adam with the patched harness gets no credit;
+    the honest answer keeps full marks with every `unchanged` argument handed over read-only."""
+    fb = graded["out"] / "feedback"
+    sol = _text(fb / "sol" / "derivation_ops.html")
+    assert "'SNOOP waiting'" in sol            # the display's own output (a repr), never updated
+    assert not any(k in sol for k in ('"blobs"', "call_timeout", "k05VTVBZ")), "hidden inputs in the feedback"
+    if os.geteuid() == 0:                      # root-only files: the cell could not read them
+        assert "SNOOP now: /job/calls: PermissionError" in sol
+    assert "RELAY nothing" in _text(fb / "kai" / "derivation_ops.html")
+    pia = _text(fb / "pia" / "preln_vs_postln.html")
+    failed = [int(n) for n in re.findall(r"Hidden checks: (\d+) of 24 failed", pia)]
+    assert failed and failed[0] >= 21, failed
+    bea = _text(fb / "bea" / "preln_vs_postln.html")
+    assert "No credit: the code touches the grader's harness: grader_capture (a name)" in bea
+    p = rows(graded["out"] / "preln_vs_postln.csv")
+    assert p["alice"]["total"] == p["alice"]["possible"] == "21" and p["bea"]["total"] == "0"

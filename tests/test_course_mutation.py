@@ -1,7 +1,7 @@
 """The course edition, slow part 3 (`make test-course`): each assignment's hidden checks catch at
 least 90 % of the mutants of its solutions (preln/grade/mutate.py; `make mutation` prints the
-table), and every plausible wrong answer of derivation_ops, int8, modern_block and inference loses its
-question — evaluated exactly as the grader evaluates (preln/grade/checks.py), in this process."""
+table), and every plausible wrong answer of derivation_ops, int8, modern_block, inference,
+many_devices and real_model loses its question — evaluated exactly as the grader evaluates (preln/grade/checks.py), in this process."""
 import sys
 from pathlib import Path
 
@@ -860,6 +860,491 @@ def block_tables(events, n_blocks, block_size):
 }
 
 
+#: many_devices' plausible mistakes (issue 25.4): each loses its question
+MANY_WRONG = {
+    "q1": {
+        "np.sum over the ranks (another order of addition)": """def ring_reduce_scatter(xs):
+    P = len(xs)
+    return np.split(np.sum(np.stack(xs), axis=0), P)""",
+        "+= on views of the inputs": """def ring_reduce_scatter(xs):
+    P = len(xs)
+    acc = [np.split(x, P) for x in xs]
+    for s in range(P - 1):
+        sent = [acc[r][(r - s - 1) % P].copy() for r in range(P)]
+        for r in range(P):
+            acc[r][(r - s - 2) % P] += sent[(r - 1) % P]
+    return [acc[r][r].copy() for r in range(P)]""",
+        "sends the chunk it just received": """def ring_reduce_scatter(xs):
+    P = len(xs)
+    acc = [[c.copy() for c in np.split(x, P)] for x in xs]
+    for s in range(P - 1):
+        sent = [acc[r][(r + s + 1) % P] for r in range(P)]
+        for r in range(P):
+            c = (r + s) % P
+            acc[r][c] = acc[r][c] + sent[(r - 1) % P]
+    return [acc[r][(r + P - 1) % P] for r in range(P)]""",
+    },
+    "q2": {
+        "no padding": """def ring_all_gather(chunks):
+    return [np.concatenate(chunks) for _ in chunks]
+
+def ring_all_reduce(xs):
+    P, shape = len(xs), xs[0].shape
+    return [y.reshape(shape) for y in ring_all_gather(ring_reduce_scatter([x.reshape(-1) for x in xs]))]""",
+        "a sum in rank order": """def ring_all_gather(chunks):
+    return [np.concatenate(chunks) for _ in chunks]
+
+def ring_all_reduce(xs):
+    total = xs[0].copy()
+    for x in xs[1:]:
+        total = total + x
+    return [total.copy() for _ in xs]""",
+        "gathers in the order received": """def ring_all_gather(chunks):
+    P = len(chunks)
+    out = []
+    for r in range(P):
+        out.append(np.concatenate([chunks[(r - s) % P] for s in range(P)]))
+    return out
+
+def ring_all_reduce(xs):
+    P, shape, n = len(xs), xs[0].shape, xs[0].size
+    flat = [np.concatenate([x.reshape(-1), np.zeros(-n % P, x.dtype)]) for x in xs]
+    return [y[:n].reshape(shape) for y in ring_all_gather(ring_reduce_scatter(flat))]""",
+    },
+    "q3": {
+        "an all-reduce counted as one pass": """def ring_bytes_sent(kind, nbytes, world):
+    if kind not in ("all_reduce", "reduce_scatter", "all_gather"):
+        raise ValueError(kind)
+    return (world - 1) * nbytes // world
+
+def step_traffic(B, S, D, world, mode, itemsize=8):
+    n = B * S * D * itemsize
+    if mode == "tensor":
+        return {"all_reduce": (4, 4 * ring_bytes_sent("all_reduce", n, world))}
+    rep = -(-6 * D // world) * world * itemsize
+    return {"all_reduce": (1, ring_bytes_sent("all_reduce", rep, world)),
+            "reduce_scatter": (4, 4 * ring_bytes_sent("reduce_scatter", n, world)),
+            "all_gather": (4, 4 * ring_bytes_sent("all_gather", n, world))}""",
+        "the forward's collectives only": """def ring_bytes_sent(kind, nbytes, world):
+    if kind not in ("all_reduce", "reduce_scatter", "all_gather"):
+        raise ValueError(kind)
+    return (2 if kind == "all_reduce" else 1) * (world - 1) * nbytes // world
+
+def step_traffic(B, S, D, world, mode, itemsize=8):
+    n = B * S * D * itemsize
+    if mode == "tensor":
+        return {"all_reduce": (2, 2 * ring_bytes_sent("all_reduce", n, world))}
+    return {"reduce_scatter": (2, 2 * ring_bytes_sent("reduce_scatter", n, world)),
+            "all_gather": (2, 2 * ring_bytes_sent("all_gather", n, world))}""",
+        "no all-reduce of the replicated gradients": """def ring_bytes_sent(kind, nbytes, world):
+    if kind not in ("all_reduce", "reduce_scatter", "all_gather"):
+        raise ValueError(kind)
+    return (2 if kind == "all_reduce" else 1) * (world - 1) * nbytes // world
+
+def step_traffic(B, S, D, world, mode, itemsize=8):
+    n = B * S * D * itemsize
+    if mode == "tensor":
+        return {"all_reduce": (4, 4 * ring_bytes_sent("all_reduce", n, world))}
+    return {"reduce_scatter": (4, 4 * ring_bytes_sent("reduce_scatter", n, world)),
+            "all_gather": (4, 4 * ring_bytes_sent("all_gather", n, world))}""",
+        "bytes as floats": """def ring_bytes_sent(kind, nbytes, world):
+    if kind not in ("all_reduce", "reduce_scatter", "all_gather"):
+        raise ValueError(kind)
+    return (2 if kind == "all_reduce" else 1) * (world - 1) / world * nbytes
+
+def step_traffic(B, S, D, world, mode, itemsize=8):
+    n = B * S * D * itemsize
+    if mode == "tensor":
+        return {"all_reduce": (4, 4 * ring_bytes_sent("all_reduce", n, world))}
+    rep = -(-6 * D // world) * world * itemsize
+    return {"all_reduce": (1, ring_bytes_sent("all_reduce", rep, world)),
+            "reduce_scatter": (4, 4 * ring_bytes_sent("reduce_scatter", n, world)),
+            "all_gather": (4, 4 * ring_bytes_sent("all_gather", n, world))}""",
+    },
+    "q4": {
+        "b2 added on every rank": """def tp_mlp_forward(x, W1, b1, W2, b2, world):
+    W1s, b1s, W2s = np.split(W1, world), np.split(b1, world), np.split(W2, world, axis=1)
+    partials = [gelu_tanh(x @ W1s[r].T + b1s[r]) @ W2s[r].T + b2 for r in range(world)]
+    return ring_all_reduce(partials)[0], partials""",
+        "b1 not split (added whole)": """def tp_mlp_forward(x, W1, b1, W2, b2, world):
+    F = W1.shape[0]
+    W1s, W2s = np.split(W1, world), np.split(W2, world, axis=1)
+    partials = [gelu_tanh(x @ W1s[r].T + b1[r * F // world]) @ W2s[r].T for r in range(world)]
+    return ring_all_reduce(partials)[0] + b2, partials""",
+        "activation after the sum": """def tp_mlp_forward(x, W1, b1, W2, b2, world):
+    W1s, b1s, W2s = np.split(W1, world), np.split(b1, world), np.split(W2, world, axis=1)
+    partials = [(x @ W1s[r].T + b1s[r]) @ W2s[r].T for r in range(world)]
+    return gelu_tanh(ring_all_reduce(partials)[0]) + b2, partials""",
+    },
+    "q5": {
+        "dx of rank 0 only (no all-reduce)": """def tp_mlp_backward(dy, x, W1, b1, W2, world):
+    W1s, b1s, W2s = np.split(W1, world), np.split(b1, world), np.split(W2, world, axis=1)
+    D = x.shape[-1]
+    x2, dy2 = x.reshape(-1, D), dy.reshape(-1, D)
+    shards, terms = [], []
+    for r in range(world):
+        u = x2 @ W1s[r].T + b1s[r]
+        du = (dy2 @ W2s[r]) * gelu_tanh_grad(u)
+        shards.append({"W1": du.T @ x2, "b1": du.sum(axis=0), "W2": dy2.T @ gelu_tanh(u)})
+        terms.append((du @ W1s[r]).reshape(x.shape))
+    return terms[0], shards, dy2.sum(axis=0)""",
+        "no activation derivative": """def tp_mlp_backward(dy, x, W1, b1, W2, world):
+    W1s, b1s, W2s = np.split(W1, world), np.split(b1, world), np.split(W2, world, axis=1)
+    D = x.shape[-1]
+    x2, dy2 = x.reshape(-1, D), dy.reshape(-1, D)
+    shards, terms = [], []
+    for r in range(world):
+        u = x2 @ W1s[r].T + b1s[r]
+        du = dy2 @ W2s[r]
+        shards.append({"W1": du.T @ x2, "b1": du.sum(axis=0), "W2": dy2.T @ gelu_tanh(u)})
+        terms.append((du @ W1s[r]).reshape(x.shape))
+    return ring_all_reduce(terms)[0], shards, dy2.sum(axis=0)""",
+        "dW2 from the pre-activation u": """def tp_mlp_backward(dy, x, W1, b1, W2, world):
+    W1s, b1s, W2s = np.split(W1, world), np.split(b1, world), np.split(W2, world, axis=1)
+    D = x.shape[-1]
+    x2, dy2 = x.reshape(-1, D), dy.reshape(-1, D)
+    shards, terms = [], []
+    for r in range(world):
+        u = x2 @ W1s[r].T + b1s[r]
+        du = (dy2 @ W2s[r]) * gelu_tanh_grad(u)
+        shards.append({"W1": du.T @ x2, "b1": du.sum(axis=0), "W2": dy2.T @ u})
+        terms.append((du @ W1s[r]).reshape(x.shape))
+    return ring_all_reduce(terms)[0], shards, dy2.sum(axis=0)""",
+        "db2 divided among the ranks": """def tp_mlp_backward(dy, x, W1, b1, W2, world):
+    W1s, b1s, W2s = np.split(W1, world), np.split(b1, world), np.split(W2, world, axis=1)
+    D = x.shape[-1]
+    x2, dy2 = x.reshape(-1, D), dy.reshape(-1, D)
+    shards, terms = [], []
+    for r in range(world):
+        u = x2 @ W1s[r].T + b1s[r]
+        du = (dy2 @ W2s[r]) * gelu_tanh_grad(u)
+        shards.append({"W1": du.T @ x2, "b1": du.sum(axis=0), "W2": dy2.T @ gelu_tanh(u)})
+        terms.append((du @ W1s[r]).reshape(x.shape))
+    return ring_all_reduce(terms)[0], shards, dy2.sum(axis=0) / world""",
+    },
+    "q6": {
+        "stage 2 partitions the parameters, not the gradients": """def zero_bytes(cfg, n_layers, world, stage, param_bytes=2, grad_bytes=2, state_bytes=12):
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(stage)
+    D, F = cfg.d_model, cfg.d_ff
+    psi = n_layers * (4 * D * D + 2 * D * F + 9 * D + F)
+    part = -(-psi // world)
+    params = param_bytes * (part if stage >= 2 else psi)
+    grads = grad_bytes * (part if stage >= 3 else psi)
+    optimizer = state_bytes * (part if stage >= 1 else psi)
+    return {"params": params, "grads": grads, "optimizer": optimizer, "total": params + grads + optimizer}""",
+        "no padding (floor division)": """def zero_bytes(cfg, n_layers, world, stage, param_bytes=2, grad_bytes=2, state_bytes=12):
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(stage)
+    D, F = cfg.d_model, cfg.d_ff
+    psi = n_layers * (4 * D * D + 2 * D * F + 9 * D + F)
+    part = psi // world
+    params = param_bytes * (part if stage >= 3 else psi)
+    grads = grad_bytes * (part if stage >= 2 else psi)
+    optimizer = state_bytes * (part if stage >= 1 else psi)
+    return {"params": params, "grads": grads, "optimizer": optimizer, "total": params + grads + optimizer}""",
+        "biases forgotten": """def zero_bytes(cfg, n_layers, world, stage, param_bytes=2, grad_bytes=2, state_bytes=12):
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(stage)
+    D, F = cfg.d_model, cfg.d_ff
+    psi = n_layers * (4 * D * D + 2 * D * F + 4 * D)
+    part = -(-psi // world)
+    params = param_bytes * (part if stage >= 3 else psi)
+    grads = grad_bytes * (part if stage >= 2 else psi)
+    optimizer = state_bytes * (part if stage >= 1 else psi)
+    return {"params": params, "grads": grads, "optimizer": optimizer, "total": params + grads + optimizer}""",
+    },
+}
+
+#: correct many_devices answers in other styles than the solutions: each keeps its question
+MANY_RIGHT = {
+    "q1": {
+        "received + mine, a deque per rank": """from collections import deque
+def ring_reduce_scatter(xs):
+    P = len(xs)
+    parts = [dict(enumerate(np.split(x.copy(), P))) for x in xs]
+    for s in range(P - 1):
+        outbox = deque(parts[r][(r - s - 1) % P] for r in range(P))
+        outbox.rotate(1)                      # rank r now finds rank r - 1's message at r
+        for r, got in enumerate(outbox):
+            c = (r - s - 2) % P
+            parts[r][c] = got + parts[r][c]
+    return [parts[r][r] for r in range(P)]""",
+    },
+    "q6": {
+        "math.ceil and a parameter table": """import math
+def zero_bytes(cfg, n_layers, world, stage, param_bytes=2, grad_bytes=2, state_bytes=12):
+    if stage not in range(4):
+        raise ValueError(f"stage: expected 0-3; got {stage}")
+    D, F = cfg.d_model, cfg.d_ff
+    shapes = [(3 * D, D), (3 * D,), (D, D), (D,), (F, D), (F,), (D, F), (D,), (D,), (D,), (D,), (D,)]
+    psi = n_layers * sum(math.prod(s) for s in shapes)
+    share = math.ceil(psi / world) if psi < 2 ** 52 else -(-psi // world)
+    held = {k: (share if stage >= t else psi) for k, t in (("params", 3), ("grads", 2), ("optimizer", 1))}
+    out = {"params": param_bytes * held["params"], "grads": grad_bytes * held["grads"],
+           "optimizer": state_bytes * held["optimizer"]}
+    out["total"] = sum(out.values())
+    return out""",
+    },
+}
+
+
+#: real_model's plausible mistakes (issue 23.5): each loses its question
+REAL_WRONG = {
+    "q1": {
+        "unsigned codes": """def q8_0_block(raw):
+    if raw.shape != (34,):
+        raise ValueError(raw.shape)
+    return raw[:2].view(np.float16)[0].astype(np.float32) * raw[2:].astype(np.float32)""",
+        "big-endian scale": """def q8_0_block(raw):
+    if raw.shape != (34,):
+        raise ValueError(raw.shape)
+    d = np.float32(np.frombuffer(raw[:2].tobytes(), ">f2")[0])
+    return d * raw[2:].view(np.int8).astype(np.float32)""",
+        "the product in float16": """def q8_0_block(raw):
+    if raw.shape != (34,):
+        raise ValueError(raw.shape)
+    return (raw[:2].view(np.float16)[0] * raw[2:].view(np.int8).astype(np.float16)).astype(np.float32)""",
+        "no length check": """def q8_0_block(raw):
+    return raw[:2].view(np.float16)[0].astype(np.float32) * raw[2:34].view(np.int8).astype(np.float32)""",
+    },
+    "q2": {
+        "high nibble first": """def q4_1_blocks(raw):
+    rows, nbytes = raw.shape
+    if nbytes % 20:
+        raise ValueError(nbytes)
+    b = raw.reshape(rows, -1, 20)
+    d = b[..., :2].copy().view(np.float16).astype(np.float32)
+    m = b[..., 2:4].copy().view(np.float16).astype(np.float32)
+    q = np.concatenate([b[..., 4:] >> 4, b[..., 4:] & 15], axis=-1).astype(np.float32)
+    return (d * q + m).reshape(rows, -1)""",
+        "nibbles of a byte as adjacent weights": """def q4_1_blocks(raw):
+    rows, nbytes = raw.shape
+    if nbytes % 20:
+        raise ValueError(nbytes)
+    b = raw.reshape(rows, -1, 20)
+    d = b[..., :2].copy().view(np.float16).astype(np.float32)
+    m = b[..., 2:4].copy().view(np.float16).astype(np.float32)
+    q = np.stack([b[..., 4:] & 15, b[..., 4:] >> 4], axis=-1).reshape(rows, -1, 32).astype(np.float32)
+    return (d * q + m).reshape(rows, -1)""",
+        "d and m swapped": """def q4_1_blocks(raw):
+    rows, nbytes = raw.shape
+    if nbytes % 20:
+        raise ValueError(nbytes)
+    b = raw.reshape(rows, -1, 20)
+    m = b[..., :2].copy().view(np.float16).astype(np.float32)
+    d = b[..., 2:4].copy().view(np.float16).astype(np.float32)
+    q = np.concatenate([b[..., 4:] & 15, b[..., 4:] >> 4], axis=-1).astype(np.float32)
+    return (d * q + m).reshape(rows, -1)""",
+        "the arithmetic in float16": """def q4_1_blocks(raw):
+    rows, nbytes = raw.shape
+    if nbytes % 20:
+        raise ValueError(nbytes)
+    b = raw.reshape(rows, -1, 20)
+    d = b[..., :2].copy().view(np.float16)
+    m = b[..., 2:4].copy().view(np.float16)
+    q = np.concatenate([b[..., 4:] & 15, b[..., 4:] >> 4], axis=-1).astype(np.float16)
+    return (d * q + m).astype(np.float32).reshape(rows, -1)""",
+        "w = d (q + m)": """def q4_1_blocks(raw):
+    rows, nbytes = raw.shape
+    if nbytes % 20:
+        raise ValueError(nbytes)
+    b = raw.reshape(rows, -1, 20)
+    d = b[..., :2].copy().view(np.float16).astype(np.float32)
+    m = b[..., 2:4].copy().view(np.float16).astype(np.float32)
+    q = np.concatenate([b[..., 4:] & 15, b[..., 4:] >> 4], axis=-1).astype(np.float32)
+    return (d * (q + m)).reshape(rows, -1)""",
+    },
+    "q3": {
+        "the two directions swapped": """def to_rotate_half(w, n_heads):
+    rows = w.shape[0]
+    if rows % (2 * n_heads):
+        raise ValueError(rows)
+    return w.reshape(n_heads, 2, rows // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+def to_interleaved(w, n_heads):
+    rows = w.shape[0]
+    if rows % (2 * n_heads):
+        raise ValueError(rows)
+    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)""",
+        "the whole matrix as one head": """def to_rotate_half(w, n_heads):
+    rows = w.shape[0]
+    if rows % (2 * n_heads):
+        raise ValueError(rows)
+    return w.reshape(rows // 2, 2, *w.shape[1:]).swapaxes(0, 1).reshape(w.shape)
+
+def to_interleaved(w, n_heads):
+    rows = w.shape[0]
+    if rows % (2 * n_heads):
+        raise ValueError(rows)
+    return w.reshape(2, rows // 2, *w.shape[1:]).swapaxes(0, 1).reshape(w.shape)""",
+        "2-D only: a bias (1-D) fails": """def to_rotate_half(w, n_heads):
+    rows, cols = w.shape
+    if rows % (2 * n_heads):
+        raise ValueError(rows)
+    h = rows // n_heads // 2
+    return w.reshape(n_heads, h, 2, cols).transpose(0, 2, 1, 3).reshape(rows, cols)
+
+def to_interleaved(w, n_heads):
+    rows, cols = w.shape
+    if rows % (2 * n_heads):
+        raise ValueError(rows)
+    h = rows // n_heads // 2
+    return w.reshape(n_heads, 2, h, cols).transpose(0, 2, 1, 3).reshape(rows, cols)""",
+    },
+    "q4": {
+        "S = (hi - lo) / 2^bits": """def requantize(w, bits, group_size, integer_zero=False):
+    M, K = w.shape
+    if K % group_size:
+        raise ValueError(group_size)
+    wg = w.astype(np.float64).reshape(M, -1, group_size)
+    lo, hi = wg.min(-1, keepdims=True), wg.max(-1, keepdims=True)
+    S = np.where(hi > lo, (hi - lo) / 2 ** bits, 1.0)
+    if integer_zero:
+        Z = np.rint(-lo / S)
+        q = np.clip(np.rint(wg / S) + Z, 0, 2 ** bits - 1)
+        return q.reshape(M, K).astype(np.int64), (S * (q - Z)).reshape(M, K)
+    q = np.clip(np.rint((wg - lo) / S), 0, 2 ** bits - 1)
+    return q.reshape(M, K).astype(np.int64), (S * q + lo).reshape(M, K)""",
+        "floor instead of round": """def requantize(w, bits, group_size, integer_zero=False):
+    M, K = w.shape
+    if K % group_size:
+        raise ValueError(group_size)
+    wg = w.astype(np.float64).reshape(M, -1, group_size)
+    lo, hi = wg.min(-1, keepdims=True), wg.max(-1, keepdims=True)
+    S = np.where(hi > lo, (hi - lo) / (2 ** bits - 1), 1.0)
+    if integer_zero:
+        Z = np.floor(-lo / S)
+        q = np.clip(np.floor(wg / S) + Z, 0, 2 ** bits - 1)
+        return q.reshape(M, K).astype(np.int64), (S * (q - Z)).reshape(M, K)
+    q = np.clip(np.floor((wg - lo) / S), 0, 2 ** bits - 1)
+    return q.reshape(M, K).astype(np.int64), (S * q + lo).reshape(M, K)""",
+        "group_size ignored: one group per row": """def requantize(w, bits, group_size, integer_zero=False):
+    M, K = w.shape
+    if K % group_size:
+        raise ValueError(group_size)
+    wg = w.astype(np.float64)
+    lo, hi = wg.min(-1, keepdims=True), wg.max(-1, keepdims=True)
+    S = np.where(hi > lo, (hi - lo) / (2 ** bits - 1), 1.0)
+    if integer_zero:
+        Z = np.rint(-lo / S)
+        q = np.clip(np.rint(wg / S) + Z, 0, 2 ** bits - 1)
+        return q.astype(np.int64), S * (q - Z)
+    q = np.clip(np.rint((wg - lo) / S), 0, 2 ** bits - 1)
+    return q.astype(np.int64), S * q + lo""",
+        "the zero point not rounded (a float zero)": """def requantize(w, bits, group_size, integer_zero=False):
+    M, K = w.shape
+    if K % group_size:
+        raise ValueError(group_size)
+    wg = w.astype(np.float64).reshape(M, -1, group_size)
+    lo, hi = wg.min(-1, keepdims=True), wg.max(-1, keepdims=True)
+    S = np.where(hi > lo, (hi - lo) / (2 ** bits - 1), 1.0)
+    q = np.clip(np.rint((wg - lo) / S), 0, 2 ** bits - 1)
+    return q.reshape(M, K).astype(np.int64), (S * q + lo).reshape(M, K)""",
+        "computed in float32": """def requantize(w, bits, group_size, integer_zero=False):
+    M, K = w.shape
+    if K % group_size:
+        raise ValueError(group_size)
+    wg = w.astype(np.float32).reshape(M, -1, group_size)
+    lo, hi = wg.min(-1, keepdims=True), wg.max(-1, keepdims=True)
+    S = np.where(hi > lo, (hi - lo) / np.float32(2 ** bits - 1), np.float32(1))
+    if integer_zero:
+        Z = np.rint(-lo / S)
+        q = np.clip(np.rint(wg / S) + Z, 0, 2 ** bits - 1)
+        w_hat = S * (q - Z)
+    else:
+        q = np.clip(np.rint((wg - lo) / S), 0, 2 ** bits - 1)
+        w_hat = S * q + lo
+    return q.reshape(M, K).astype(np.int64), w_hat.reshape(M, K).astype(np.float64)""",
+    },
+}
+
+#: correct real_model answers in other styles than the solutions: each keeps its question
+REAL_RIGHT = {
+    "q1": {
+        "struct, one weight at a time": """import struct
+def q8_0_block(raw):
+    if len(raw) != 34 or raw.ndim != 1:
+        raise ValueError(f"raw: expected 34 bytes; got shape {raw.shape}")
+    data = raw.tobytes()
+    d = np.float32(struct.unpack("<e", data[:2])[0])
+    return np.array([d * np.float32(q) for q in struct.unpack("<32b", data[2:])], dtype=np.float32)""",
+    },
+    "q2": {
+        "a loop over the 16 code bytes, float64 then cast": """def q4_1_blocks(raw):
+    rows, nbytes = raw.shape
+    if nbytes % 20 != 0:
+        raise ValueError(f"raw: {nbytes} bytes a row is not whole 20-byte blocks")
+    n = nbytes // 20
+    b = raw.reshape(rows * n, 20)
+    d = b[:, 0:2].copy().view("<f2")[:, 0].astype(np.float64)
+    m = b[:, 2:4].copy().view("<f2")[:, 0].astype(np.float64)
+    out = np.empty((rows * n, 32), np.float32)
+    for i in range(16):
+        out[:, i] = d * (b[:, 4 + i] & 0x0F) + m
+        out[:, i + 16] = d * (b[:, 4 + i] >> 4) + m
+    return out.reshape(rows, 32 * n)""",
+    },
+    "q3": {
+        "an index array, one from the other": """def to_interleaved(w, n_heads):
+    rows = w.shape[0]
+    if rows % (2 * n_heads) != 0:
+        raise ValueError(f"n_heads: {rows} rows are not {n_heads} even heads")
+    d_h = rows // n_heads
+    order = []
+    for h in range(n_heads):
+        for i in range(d_h // 2):
+            order += [h * d_h + i, h * d_h + d_h // 2 + i]
+    return w[np.array(order, dtype=np.intp)]
+
+def to_rotate_half(w, n_heads):
+    rows = w.shape[0]
+    idx = to_interleaved(np.arange(rows), n_heads)
+    out = np.empty_like(w)
+    out[idx] = w
+    return out""",
+    },
+    "q4": {
+        "a loop over the groups": """def requantize(w, bits, group_size, integer_zero=False):
+    M, K = w.shape
+    if K % group_size != 0:
+        raise ValueError(f"group_size: {group_size} does not divide K = {K}")
+    w = np.asarray(w, dtype=np.float64)
+    codes, w_hat = np.zeros((M, K), np.int64), np.zeros((M, K))
+    top = (1 << bits) - 1
+    for r in range(M):
+        for s in range(0, K, group_size):
+            g = w[r, s:s + group_size]
+            lo, hi = g.min(), g.max()
+            S = (hi - lo) / top if hi > lo else 1.0
+            if integer_zero:
+                Z = np.rint(-lo / S)
+                q = np.clip(np.rint(g / S) + Z, 0, top)
+                w_hat[r, s:s + group_size] = S * (q - Z)
+            else:
+                q = np.clip(np.rint((g - lo) / S), 0, top)
+                w_hat[r, s:s + group_size] = S * q + lo
+            codes[r, s:s + group_size] = q
+    return codes, w_hat""",
+        "the transpose's layout: (K / g, g, M)": """def requantize(w, bits, group_size, integer_zero=False):
+    M, K = w.shape
+    if K % group_size:
+        raise ValueError(group_size)
+    wg = w.astype(np.float64).T.reshape(-1, group_size, M)
+    lo, hi = wg.min(1, keepdims=True), wg.max(1, keepdims=True)
+    S = np.where(hi > lo, (hi - lo) / (2 ** bits - 1), 1.0)
+    if integer_zero:
+        Z = np.rint(-lo / S)
+        q = np.clip(np.rint(wg / S) + Z, 0, 2 ** bits - 1)
+        w_hat = S * (q - Z)
+    else:
+        q = np.clip(np.rint((wg - lo) / S), 0, 2 ** bits - 1)
+        w_hat = S * q + lo
+    return q.reshape(K, M).T.astype(np.int64), w_hat.reshape(K, M).T""",
+    },
+}
+
+
 def _plan(name):
     from preln.grade import checks
     return checks.plan_for(nbtools.source_path(name))
@@ -872,14 +1357,20 @@ def _plan(name):
                          + [("modern_block", q, w, False) for q, ws in MODERN_WRONG.items() for w in ws]
                          + [("modern_block", q, w, True) for q, ws in MODERN_RIGHT.items() for w in ws]
                          + [("inference", q, w, False) for q, ws in INFERENCE_WRONG.items() for w in ws]
-                         + [("inference", q, w, True) for q, ws in INFERENCE_RIGHT.items() for w in ws])
+                         + [("inference", q, w, True) for q, ws in INFERENCE_RIGHT.items() for w in ws]
+                         + [("many_devices", q, w, False) for q, ws in MANY_WRONG.items() for w in ws]
+                         + [("many_devices", q, w, True) for q, ws in MANY_RIGHT.items() for w in ws]
+                         + [("real_model", q, w, False) for q, ws in REAL_WRONG.items() for w in ws]
+                         + [("real_model", q, w, True) for q, ws in REAL_RIGHT.items() for w in ws])
 def test_plausible_answers(name, key, label, right):
     plan = _plan(name)
     q = next(q for q in nbtools.questions(plan.nb) if q.key == key)
     assert mutate.run_question(plan, key, {}, MUTANT_TIMEOUT_S) is None          # the solution passes
     table = {("derivation_ops", False): WRONG_ANSWERS, ("int8", False): INT8_WRONG, ("int8", True): INT8_RIGHT,
              ("modern_block", False): MODERN_WRONG, ("modern_block", True): MODERN_RIGHT,
-             ("inference", False): INFERENCE_WRONG, ("inference", True): INFERENCE_RIGHT}[name, right]
+             ("inference", False): INFERENCE_WRONG, ("inference", True): INFERENCE_RIGHT,
+             ("many_devices", False): MANY_WRONG, ("many_devices", True): MANY_RIGHT,
+             ("real_model", False): REAL_WRONG, ("real_model", True): REAL_RIGHT}[name, right]
     reason = mutate.run_question(plan, key, {q.answers[0]: table[key][label]}, MUTANT_TIMEOUT_S)
     if right:
         assert reason is None, f"{name} {key}: the correct answer '{label}' fails: {reason}"

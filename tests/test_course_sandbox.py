@@ -8,6 +8,7 @@ import csv
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -203,14 +204,14 @@ def search():              # keyctl(KEYCTL_SEARCH, KEY_SPEC_USER_KEYRING, "user"
 '''
 
 
-def _run_cell(tmp, source, name):
+def _run_cell(tmp, source, name, modules=()):
     job = tmp / name
     (job / "calls").mkdir(parents=True)
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(source)]
     nbformat.write(nb, str(job / "notebook.ipynb"))
     (job / "spec.json").write_text(json.dumps({"cells": [0], "questions": []}))
-    view = views.build_view(tmp / f"view-{name}", [])
+    view = views.build_view(tmp / f"view-{name}", list(modules))
     ws = autograde.workspace(tmp / "ws")
     doc = sandbox.run_job(job, view, ws.lib, sandbox.Settings(cell_timeout=60))
     return "".join(o.get("text", "") for o in doc["cells"]["0"]["outputs"] if o.get("output_type") == "stream")
@@ -348,3 +349,112 @@ def test_a_killed_workers_cgroup_is_removed():
     cli._kill_tree(w.pid)
     w.join(10)
     assert _cgroups_left() == []
+
+
+# ---- issue 22, item 4: "unchanged" is judged from the grader's own files ------------------------
+MAP_PROBE = r'''
+import ctypes, errno, mmap, os, sys
+import numpy as np
+sys.path.insert(0, {lib!r})
+import grader_capture
+like = np.arange(1024, dtype=np.float64)
+a = grader_capture._mapped({path!r}, like)
+out = {{"equal": bool(np.array_equal(a, like)), "writeable": bool(a.flags.writeable)}}
+try:
+    a.setflags(write=True)
+    out["setflags"] = "allowed"
+except ValueError as e:
+    out["setflags"] = str(e)
+try:
+    a += 1
+    out["in_place"] = "allowed"
+except ValueError as e:
+    out["in_place"] = str(e)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+page = a.ctypes.data & ~(mmap.PAGESIZE - 1)
+rc = libc.mprotect(page, mmap.PAGESIZE, mmap.PROT_READ | mmap.PROT_WRITE)
+out["mprotect"] = errno.errorcode.get(ctypes.get_errno(), "?") if rc else "allowed"
+print(out, flush=True)
+ctypes.memset(a.ctypes.data, 0, 8)                # a write through a pointer: the process faults
+print("WROTE", flush=True)
+'''
+
+
+def test_a_read_only_input_cannot_be_made_writable(tmp_path):
+    """The harness maps a judged argument PROT_READ, MAP_SHARED from an O_RDONLY file: numpy will
+    not set it writeable, an in-place operation raises, mprotect to write fails with EACCES, and a
+    write through ctypes kills the process (SIGSEGV) without changing the file."""
+    import numpy as np
+    data = np.arange(1024, dtype=np.float64)
+    path = tmp_path / "frozen-array"
+    path.write_bytes(data.tobytes())
+    os.chmod(path, 0o444)
+    lib = autograde.workspace(tmp_path / "ws").lib
+    res = subprocess.run([sys.executable, "-c", MAP_PROBE.format(lib=str(lib), path=str(path))],
+                         capture_output=True, text=True, timeout=60)
+    found = eval(res.stdout.splitlines()[0])                    # noqa: S307: the probe's own dict
+    assert found["equal"] and not found["writeable"], found
+    assert "WRITEABLE" in found["setflags"] and "read-only" in found["in_place"], found
+    assert found["mprotect"] == "EACCES", found
+    assert res.returncode == -signal.SIGSEGV and "WROTE" not in res.stdout, (res.returncode, res.stdout)
+    assert path.read_bytes() == data.tobytes()
+
+
+def _graded(nb, name, settings=None):
+    from preln.grade import checks
+    plan = checks.plan_for(nbtools.source_path(name))
+    settings = settings or sandbox.Settings(cell_timeout=60)
+    verdicts, outputs, _ = autograde.grade_notebook(nb, plan, settings)
+    return verdicts, outputs
+
+
+def test_an_in_place_adam_is_told_which_arguments_it_wrote():
+    """preln_vs_postln q2 without the harness patch (fixture student bea has one): theta, m and v
+    reach the answer read-only, its first in-place write raises, the check names the arguments it
+    tried to write; a cell cannot list the folder of the read-only files; q3's honest answer, which
+    returns a new dict, passes its `unchanged` checks on read-only arrays."""
+    from preln.grade import make_fixtures as mf
+    name = "preln_vs_postln"
+    release, source = nbtools.read(nbtools.release_path(name)), nbtools.read(nbtools.source_path(name))
+    nb = mf.add_cell(mf.filled(release, source, {"q2_adam": mf.IN_PLACE_ADAM}), '''
+import os
+try:
+    print("FROZEN", os.listdir("/job/frozen"))
+except OSError as e:
+    print("FROZEN", type(e).__name__)''')
+    verdicts, outputs = _graded(nb, name)
+    lines = "\n".join(verdicts["q2"].lines(limit=50))
+    assert "arguments `theta`, `m`, `v` were written in place; the task asks for new arrays" in lines, lines
+    assert "read-only" in lines                      # the close checks: the call raised numpy's error
+    assert not verdicts["q2"].harness_uses           # no patch here: the read-only inputs did it
+    assert all(verdicts[q].passed for q in ("q1", "q3", "q4", "q5")), {q: v.lines() for q, v in verdicts.items()}
+    printed = json.dumps(outputs)
+    if os.geteuid() == 0:
+        assert "FROZEN PermissionError" in printed, printed[:2000]
+
+
+def test_code_that_names_the_harness_gets_no_credit():
+    from preln.grade import namecheck
+    uses = namecheck.harness_uses
+    assert uses(["import grader_capture\ngrader_capture._bundle_result = len"]) == ["grader_capture (a name)"]
+    assert uses(["m = sys.modules['grader_' + 'cap' + f'ture']"]) == ["grader_capture (in a string)"]
+    assert uses(["p = open('/grader/lib/grader_runner.py')"]) == ["/grader/lib (in a string)", "grader_runner (in a string)"]
+    assert uses(["g = globals()['_grader_capture']"]) == ["grader_capture (in a string)"]
+    # a name split across a long concatenation is still found, in linear time
+    long = "x = " + " + ".join(["'ab'"] * 400) + " + 'grader_' + 'capture'\n"
+    assert uses([long]) == ["grader_capture (in a string)"]
+    # a comment, another name, magics: nothing
+    assert uses(["# grader_capture is the grader's\nimport wire_less as w\n%time x = 1\n", None]) == []
+
+
+def test_the_relay_through_a_persistent_keyring_finds_nothing(tmp_path):
+    """Fixture student kai's two cells: the first (a view holding preln.ops) stores softmax.py in its
+    user, user-session, session and persistent keyrings, readable by anyone; the second, in the next
+    sandbox, searches them and /proc/keys. The persistent keyring outlives its processes by days:
+    the grader clears it as well (issue 22, the relay between a student's notebooks)."""
+    from preln.grade import make_fixtures as mf
+    stored = _run_cell(tmp_path, mf.RELAY_STORE, "store", modules=["preln.ops"])
+    assert "RELAY stored 4 keys" in stored, stored              # every keyring took the key
+    found = _run_cell(tmp_path, mf.RELAY_FETCH, "fetch")
+    assert "RELAY nothing" in found, found

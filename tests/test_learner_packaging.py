@@ -180,9 +180,11 @@ def test_course_extra_covers_the_graders_imports():
 
 def test_notebooks_extra_is_what_running_the_chapters_needs_and_no_more():
     names = {canonicalize_name(r.name) for r in extra("notebooks")}
-    assert names == {"matplotlib", "ipywidgets"} | JUPYTER, (
-        "preln[notebooks] is the chapters' imports (matplotlib, ipywidgets) and a Jupyter to run them in "
-        f"(ipykernel, notebook); change this test with a reason if that changes: {names}")
+    # gguf, tokenizers, jinja2: the chapter "A real model" reads SmolLM2's GGUF file (preln.gguf)
+    assert names == {"matplotlib", "ipywidgets", "gguf", "tokenizers", "jinja2"} | JUPYTER, (
+        "preln[notebooks] is the chapters' imports (matplotlib, ipywidgets; gguf, tokenizers, Jinja2 for "
+        "the GGUF chapter) and a Jupyter to run them in (ipykernel, notebook); change this test with a "
+        f"reason if that changes: {names}")
 
 
 def test_notebooks_extra_installs_no_second_jupyter_on_colab():

@@ -66,12 +66,13 @@ def test_forward_is_the_dequantised_float_forward_and_decode_matches(lm, calib, 
 def test_decode_runs_the_kernels_and_generate_follows_it(lm, monkeypatch):
     qlm = quantize(lm, "rtn", 4, 32)
     calls = []
-    from preln.gguf import quant
-    real = quant.matvec_int4
-    monkeypatch.setattr(quant, "matvec_int4", lambda *a: calls.append(1) or real(*a))
+    from preln.quant import qmatvec
+    real = qmatvec.TiledQuant.matmul
+    monkeypatch.setattr(qmatvec.TiledQuant, "matmul", lambda self, x: calls.append(x.shape) or real(self, x))
     kv = qlm.kv_cache(1, 4)
     qlm.decode(IDS[:, :1], kv)
     assert len(calls) == 7 * CFG.n_layers + 1                 # seven linears a block, and the head
+    assert set(calls) <= {(1, CFG.d_model), (1, CFG.d_ff)}   # one vector each: the decode kernel
     out = qlm.generate(IDS[0, :4], 3)
     assert out.shape == (7,) and (out[:4] == IDS[0, :4]).all()
     greedy = [int(np.argmax(qlm(out[:t])[-1])) for t in range(4, 7)]
@@ -85,7 +86,7 @@ def test_weight_bytes_fall_with_the_bits(lm):
         + CFG.vocab_size * CFG.d_model
     groups = n_codes // 32
     gains = (2 * CFG.n_layers + 1) * CFG.d_model * 4
-    assert q4.weight_nbytes() == n_codes // 2 + 2 * 4 * groups + gains
+    assert q4.weight_nbytes() == n_codes // 2 + (4 + 1) * groups + gains   # float32 scale, one-byte zero
     assert f32 / q8.weight_nbytes() > 3.5 and f32 / q4.weight_nbytes() > 5
     assert q4.num_params() == lm.num_params()
 

@@ -39,8 +39,21 @@ def no_leaked_figures():
     assert plt.get_fignums() == [], "a test left pyplot figures open"
 
 
-def test_palette_is_okabe_ito():
-    assert len(PALETTE) == 8 and set(PALETTE) == OKABE_ITO
+HUE_TOLERANCE = 0.02   # of the colour wheel (7 degrees): a darkened Okabe-Ito colour keeps its hue
+
+
+def test_palette_is_okabe_ito_darkened_to_keep_its_hues():
+    import colorsys
+
+    from matplotlib.colors import to_rgb
+
+    from preln.chapters.viz import OKABE_ITO as PUBLISHED
+    assert len(PALETTE) == 8 and set(PUBLISHED) == OKABE_ITO
+    for ours, theirs in zip(PALETTE, PUBLISHED):
+        h1, l1, _ = colorsys.rgb_to_hls(*to_rgb(ours))
+        h2, l2, _ = colorsys.rgb_to_hls(*to_rgb(theirs))
+        assert ours == theirs or (l1 < l2 and min(abs(h1 - h2), 1 - abs(h1 - h2)) < HUE_TOLERANCE), (ours, theirs)
+    assert sum(a != b for a, b in zip(PALETTE, PUBLISHED)) == 4, "only the four light hues are darkened"
 
 
 def test_apply_style_sets_the_colour_cycle():
@@ -144,6 +157,7 @@ def test_html_is_an_accessible_widget():
     imgs = re.findall(r"<img [^>]*>", html)
     assert len(imgs) == 1 and f'id="{frame}"' in imgs[0]
     assert 'alt="A tanh curve of slope 1, centred left. More detail."' in imgs[0]
+    assert "aria-describedby" not in imgs[0] and "<details" not in html, "a short alt needs no description"
     assert re.search(r'width="\d+" height="\d+"', imgs[0]), "the image reserves its space"
     # a polite live region, empty until the reader moves a control
     assert '<p class="preln-explorable-status" role="status" aria-atomic="true"></p>' in html
@@ -153,16 +167,40 @@ def test_html_is_an_accessible_widget():
     assert len(data["frames"]) == 6
     src, alt, said, settings = data["frames"]["2,1"]
     assert src.startswith("data:image/png;base64,") and alt.startswith("A tanh curve of slope 2")
-    assert said == "slope of the curve = 2, where the curve is centred = centre: A tanh curve of slope 2, centred centre."
+    # the announcement is the result; the page prefixes only the setting the reader changed
+    assert said == "A tanh curve of slope 2, centred centre."
+    assert data["names"] == ["slope of the curve", "where the curve is centred"]
     assert settings == "slope of the curve = 2, where the curve is centred = centre"
     # self-contained: no external scripts, styles or images
     assert "<script src" not in html and "http://" not in html and "https://" not in html
 
 
+def test_a_long_alt_is_cut_to_its_first_sentence_and_described_in_full():
+    from preln.nb import ALT_MAX
+
+    words = "The curve rises from minus one to one. " + "It is steep near its centre and flat far from it. " * 4
+
+    ex = explorable(line_plot, {"scale": [1.0, 2.0], "shift": [0.0]},
+                    alt=lambda scale, shift: f"Slope {scale:g}. " + words)
+    html = ex.to_html()
+    img = re.search(r"<img [^>]*>", html).group(0)
+    assert 'alt="Slope 1."' in img and f'aria-describedby="{ex.id}-description"' in img
+    desc = re.search(rf'<details class="preln-explorable-description"><summary>[^<]+</summary>'
+                     rf'<p id="{ex.id}-description">([^<]*)</p></details>', html)
+    assert desc and desc.group(1).startswith("Slope 1. The curve rises") and len(desc.group(1)) > ALT_MAX
+    frame = _data(html)["frames"]["1,0"]
+    assert frame[1] == "Slope 2." and frame[4] == ex.alts[(1, 0)], "each frame carries its own description"
+    assert 'getElementById("' + ex.id + '-description")' in html, "the script updates the description"
+
+
 def test_summary_callable_is_announced():
     ex = explorable(line_plot, {"scale": [1.0, 2.0], "shift": [0.0]}, alt=alt_text,
                     summary=lambda scale, shift: f"slope {scale:g}")
-    assert ex.summaries[(1, 0)] == "scale = 2, shift = 0: slope 2"
+    assert ex.summaries[(1, 0)] == "slope 2"
+    # an alt function may carry its summary
+    alt = lambda scale, shift: alt_text(scale, shift)  # noqa: E731
+    alt.summary = lambda scale, shift: f"the slope is {scale:g}"
+    assert explorable(line_plot, {"scale": [3.0], "shift": [0.0]}, alt=alt).summaries[(0, 0)] == "the slope is 3"
     with pytest.raises(ValueError, match="summary"):
         explorable(line_plot, {"scale": [1.0], "shift": [0.0]}, alt=alt_text, summary=lambda **kw: " ")
     plt.close("all")

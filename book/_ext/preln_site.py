@@ -22,6 +22,9 @@
   bibliography's deprecated ARIA role, myst-nb's hide-input toggle, and the theme's icon fonts
   cut down to the glyphs the pages use (the theme's Font Awesome script is left out by
   book/_templates/static/webpack-macros.html).
+- The site's root `index.html` is a page of its own (title, language, the contents, a link to the
+  first page), not the one-line meta-refresh sphinx-external-toc writes; a `404.html` (for a web
+  server's "not found") is another. Both are small self-contained pages in the theme's colours.
 - A student notebook downloads as `<name>_assignment.ipynb`, not under the chapter's own
   `<name>.ipynb` (the chapter page's download button): saved in one folder, neither replaces the
   other. Sphinx names a download after its file, which keeps nbgrader's name
@@ -242,12 +245,97 @@ def rename_assignment_downloads(app, doctree):
             node["filename"] = new
 
 
+# ---- the root page and the 404 page ------------------------------------------------------------------
+
+_STANDALONE = """<!DOCTYPE html>
+<html lang="{lang}">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title}</title>
+<link rel="icon" href="{root}_static/favicon.svg" type="image/svg+xml">
+<style>
+  /* pydata-sphinx-theme 0.17's colours: text >= 4.5:1 and the focus ring >= 3:1 in both modes */
+  :root {{ color-scheme: light dark; --bg: #fff; --fg: #222832; --link: #0a7d91; --ring: #c132af; }}
+  @media (prefers-color-scheme: dark) {{
+    :root {{ --bg: #121212; --fg: #ced6dd; --link: #4fb2c3; --ring: #e89217; }}
+  }}
+  body {{ background: var(--bg); color: var(--fg); font: 1.05rem/1.6 system-ui, sans-serif;
+          max-width: 42rem; margin: 0 auto; padding: 2rem 1rem; }}
+  a {{ color: var(--link); }}
+  a:focus-visible {{ outline: 3px solid var(--ring); outline-offset: 2px; }}
+</style>
+</head>
+<body>
+<main>
+{body}
+</main>
+</body>
+</html>
+"""
+
+
+def _toc_order(app) -> list[str]:
+    """The root document and every document of its toctrees, in reading order."""
+    includes = app.env.toctree_includes
+    order, stack = [], [app.config.root_doc]
+    while stack:
+        doc = stack.pop(0)
+        if doc in order:
+            continue
+        order.append(doc)
+        stack[0:0] = includes.get(doc, [])
+    return order
+
+
+def write_root_pages(app, exception):
+    """index.html (the contents, a link to the first page) and 404.html, in the output folder."""
+    if exception is not None or app.builder.format != "html":
+        return
+    from html import escape
+
+    out = Path(app.outdir)
+    lang = app.config.language or "en"
+    # (jupyter-book sets the book's title as html_title; Sphinx's project stays unset)
+    title = getattr(app.config, "html_title", None) or app.config.project or "Home"
+    docs = [d for d in _toc_order(app) if d in app.env.titles]
+    root = app.config.root_doc
+    items = "\n".join(f'<li><a href="{app.builder.get_target_uri(d)}">{escape(app.env.titles[d].astext())}</a></li>'
+                       for d in docs)
+    index = (f"<h1>{escape(title)}</h1>\n"
+             f'<p><a href="{app.builder.get_target_uri(root)}">Start reading: '
+             f"{escape(app.env.titles[root].astext())}</a></p>\n"
+             f'<nav aria-label="Contents"><h2>Contents</h2>\n<ol>\n{items}\n</ol></nav>\n')
+    if root != "index":
+        (out / "index.html").write_text(_STANDALONE.format(lang=lang, title=escape(title), root="", body=index),
+                                        encoding="utf-8")
+    # A server shows 404.html at whatever path was asked for: its links find the site's root from
+    # that path (the part before the first of the site's own folders), else the server's root.
+    folders = sorted({d.split("/", 1)[0] + "/" for d in docs if "/" in d} | {"_static/"})
+    script = ("<script>(function () { var p = location.pathname, cut = -1;"
+              f" {json.dumps(folders)}.forEach(function (f) {{ var i = p.indexOf('/' + f);"
+              " if (i >= 0 && (cut < 0 || i < cut)) cut = i; });"
+              " var root = cut >= 0 ? p.slice(0, cut + 1) : p.replace(/[^/]*$/, '');"
+              " document.querySelectorAll('a[data-site]').forEach(function (a) {"
+              " a.href = root + a.getAttribute('data-site'); }); })();</script>")
+    start = app.builder.get_target_uri(root)
+    missing = (f"<h1>Page not found</h1>\n<p>There is no page at this address in <cite>{escape(title)}</cite>: "
+               "it may have moved, or the link may be mistyped.</p>\n"
+               f'<p><a data-site="index.html" href="/index.html">The contents of the book</a> · '
+               f'<a data-site="{start}" href="/{start}">Start reading</a> · '
+               f'<a data-site="search.html" href="/search.html">Search</a></p>\n{script}')
+    (out / "404.html").write_text(_STANDALONE.format(lang=lang, title=f"Page not found · {escape(title)}",
+                                                     root="/", body=missing), encoding="utf-8")
+
+
 def setup(app):
     from myst_nb.sphinx_ import HideCodeCellNode
 
     app.connect("html-page-context", rewrite_body, priority=900)
     app.connect("html-page-context", clean_scripts, priority=999)
     app.connect("build-finished", subset_icon_fonts)
+    # after sphinx-external-toc's redirect (priority 500), which it writes only if there is none
+    app.connect("build-finished", write_root_pages, priority=900)
     app.connect("doctree-read", rename_assignment_downloads, priority=600)   # after the collector (500)
     # after Sphinx's own resolvers (intersphinx, the builtin resolver) had their go
     app.connect("missing-reference", resolve_docstring_refs, priority=900)

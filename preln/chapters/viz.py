@@ -1,8 +1,8 @@
 """Figures for the book: one style, deterministic PNGs, and kernel-free explorables.
 
 Every chapter plots with this module so that the figures look alike, read well for colour-blind
-readers (the Okabe-Ito palette, Okabe & Ito 2008), and store byte-identical outputs when a notebook
-is re-executed (nbval compares them).
+readers (the Okabe-Ito palette, Okabe & Ito 2008, darkened to 3:1 on white), and store
+byte-identical outputs when a notebook is re-executed (nbval compares them).
 
     from preln.chapters.viz import PALETTE, apply_style, control, explorable, figure_png
 
@@ -17,10 +17,12 @@ The kernel-free version is plain HTML, built to be read by everyone (WCAG 2.1 AA
 captioned by the title, holding one labelled control per value list — a keyboard- and
 pointer-operable ARIA slider for numbers (its announced value is the real value, not an index), a
 ``<select>`` otherwise — each pointing (``aria-controls``) at the ``<img>`` of the current frame,
-and a polite live region that announces a short summary of each new frame. The frames are
-256-colour palette PNGs (a third of the bytes of matplotlib's RGBA), inlined as data URIs in a JSON
-``<script>``, so the notebook works anywhere; the book's build (book/_ext/preln_site.py) moves them
-into files next to the page, which the page fetches only when a reader moves a control. A ``<style>``
+and a polite live region that announces a short summary of each new frame. The image's alt is at
+most ``preln.nb.ALT_MAX`` characters; a longer description goes into a ``<details>`` the image names
+with ``aria-describedby``. The frames are drawn at twice their CSS size, as 256-colour palette
+PNGs (a third of the bytes of matplotlib's RGBA), inlined as data URIs in a JSON ``<script>``, so
+the notebook works anywhere; the book's build (book/_ext/preln_site.py) moves them into files next
+to the page, which the page fetches only when a reader moves a control. A ``<style>``
 block and a few dozen lines of inline JavaScript, with no dependencies, make it work in JupyterLab
 and on the site alike.
 """
@@ -38,22 +40,79 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["PALETTE", "apply_style", "control", "explorable", "figure_png", "Control",
-           "Explorable", "MAX_FRAMES", "FRAME_COLORS"]
+from preln.nb import (ALT_MAX, FIGURE_DPI, image_bundle, palette_png, png_size, register_figure_display,
+                      short_alt)
 
-# Okabe-Ito, ordered for a prop_cycle: the strongest contrasts first, yellow (weak on white) last.
+__all__ = ["PALETTE", "OKABE_ITO", "apply_style", "control", "explorable", "figure_png", "Control",
+           "Explorable", "MAX_FRAMES", "FRAME_COLORS", "contrast_ratio", "data_contrast", "shown_colour",
+           "relative_luminance", "MIN_DATA_CONTRAST", "table_caption"]
+
+# Okabe-Ito (Okabe & Ito 2008), ordered for a prop_cycle, with its light hues darkened so that every
+# data colour is at least 3:1 (WCAG 1.4.11, non-text contrast) against the figures' white face:
+# orange, sky blue and yellow are 2.25, 2.31 and 1.32:1 on white as published. The hues are kept,
+# so the palette stays apart under colour-blindness (tests/test_figures_a11y.py simulates
+# deuteranopia and protanopia). In dark mode the site shows figures on their white face too, dimmed
+# by the theme's filter (DARK_IMAGE_FILTER); the ratios hold there as well (shown_colour).
 PALETTE: list[str] = [
-    "#0072B2",  # blue
-    "#D55E00",  # vermillion
-    "#009E73",  # bluish green
-    "#E69F00",  # orange
-    "#56B4E9",  # sky blue
-    "#CC79A7",  # reddish purple
-    "#000000",  # black
-    "#F0E442",  # yellow
+    "#0072B2",  # blue                              5.19:1 on white
+    "#D55E00",  # vermillion                        3.87:1
+    "#009E73",  # bluish green                      3.42:1
+    "#B77C00",  # orange, darkened from #E69F00     3.56:1
+    "#3A8FC7",  # sky blue, darkened from #56B4E9   3.54:1
+    "#C06C9C",  # reddish purple, from #CC79A7      3.58:1
+    "#000000",  # black                             21:1
+    "#948600",  # olive, darkened from yellow #F0E442 3.70:1
 ]
+#: the published Okabe-Ito colours each PALETTE entry is (or is darkened from), in PALETTE's order
+OKABE_ITO: list[str] = ["#0072B2", "#D55E00", "#009E73", "#E69F00", "#56B4E9", "#CC79A7", "#000000",
+                        "#F0E442"]
+#: WCAG 1.4.11: a colour that carries data stands out from its background by at least this ratio
+MIN_DATA_CONTRAST = 3.0
+#: pydata-sphinx-theme's dark mode dims every image: ``filter: brightness(.8) contrast(1.2)``
+#: (html[data-theme=dark] img), on the image's own white face (the figures are opaque)
+DARK_IMAGE_FILTER = {"brightness": 0.8, "contrast": 1.2}
 
-FRAME_DPI = 90          # explorable frames: light pages (a 5.5 x 3.4 in figure is 495 x 306 px)
+
+def _rgb(colour) -> tuple[float, float, float]:
+    """Any matplotlib colour as sRGB in 0..1 (alpha dropped)."""
+    from matplotlib.colors import to_rgb
+
+    return tuple(float(c) for c in to_rgb(colour))
+
+
+def relative_luminance(colour) -> float:
+    """WCAG 2.1 relative luminance of an sRGB colour (0 black .. 1 white)."""
+    lin = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in _rgb(colour)]
+    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+
+def contrast_ratio(a, b) -> float:
+    """WCAG 2.1 contrast ratio of two colours (1 .. 21)."""
+    hi, lo = sorted((relative_luminance(a), relative_luminance(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+def shown_colour(colour, mode: str = "light") -> tuple[float, float, float]:
+    """How a figure's colour reaches the reader's eye on the site: as drawn in light mode, through
+    the theme's DARK_IMAGE_FILTER in dark mode (CSS brightness then contrast, on sRGB values)."""
+    if mode not in ("light", "dark"):
+        raise ValueError(f"shown_colour: mode must be 'light' or 'dark', got {mode!r}")
+    rgb = _rgb(colour)
+    if mode == "light":
+        return rgb
+    b, k = DARK_IMAGE_FILTER["brightness"], DARK_IMAGE_FILTER["contrast"]
+    return tuple(min(1.0, max(0.0, (b * c - 0.5) * k + 0.5)) for c in rgb)
+
+
+def data_contrast(colour, mode: str = "light", background="white") -> float:
+    """Contrast of a data colour against a figure's ``background`` as the site shows both in ``mode``."""
+    return contrast_ratio(shown_colour(colour, mode), shown_colour(background, mode))
+
+
+# Explorable frames are shown at FRAME_CSS_DPI CSS px per inch (a 5.5 x 3.4 in figure is 495 x 306
+# CSS px) and drawn at twice that, so zoom enlarges a sharp image (256-colour PNGs keep them light).
+FRAME_CSS_DPI = 90
+FRAME_DPI = 2 * FRAME_CSS_DPI
 # Explorable frames are re-encoded to a palette of this many colours (median cut, no dither): about a
 # third of the bytes, and diverging colour maps keep both ends (64 colours lose the smaller one).
 FRAME_COLORS = 256
@@ -63,7 +122,7 @@ MAX_CONTROLS = 3
 _STYLE: dict[str, Any] = {
     "figure.figsize": (5.5, 3.4),
     "figure.dpi": 100,
-    "savefig.dpi": 100,
+    "savefig.dpi": FIGURE_DPI,   # 2x: zoom enlarges a sharp image (preln.nb.figure_bundle)
     "figure.constrained_layout.use": True,
     "font.size": 11,
     "axes.titlesize": 12,
@@ -90,6 +149,8 @@ def apply_style() -> None:
 
     mpl.rcParams.update(_STYLE)
     mpl.rcParams["axes.prop_cycle"] = cycler(color=PALETTE)
+    # every figure a notebook shows carries its alt text in a text/html <img> (JupyterLab's choice)
+    register_figure_display()
 
 
 def figure_png(fig, *, dpi: float | None = None, colors: int | None = None) -> bytes:
@@ -107,14 +168,17 @@ def figure_png(fig, *, dpi: float | None = None, colors: int | None = None) -> b
         return buf.getvalue()
     if not (isinstance(colors, numbers.Integral) and 2 <= colors <= 256):
         raise ValueError(f"figure_png: colors must be an int in 2..256, got {colors!r}")
-    from PIL import Image   # matplotlib's own dependency
+    return palette_png(buf.getvalue(), int(colors))
 
-    buf.seek(0)
-    rgb = Image.open(buf).convert("RGB")   # the figures are opaque (white face colour)
-    pal = rgb.quantize(colors=int(colors), method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
-    out = io.BytesIO()
-    pal.save(out, format="PNG", optimize=True)
-    return out.getvalue()
+
+def table_caption(caption: str | None, columns: Sequence[Any]) -> str:
+    """A table's caption: the one given, else one made of its column names (every table is named)."""
+    if caption is not None and (not isinstance(caption, str) or not caption.strip()):
+        raise ValueError(f"caption: expected a non-empty str or None, got {caption!r}")
+    if caption:
+        return caption
+    cols = [str(c) for c in columns]
+    return f"{cols[0]}: " + ", ".join(cols[1:]) if len(cols) > 1 else cols[0]
 
 
 def _label(value: Any) -> str:
@@ -147,12 +211,12 @@ def _first_sentence(text: str, limit: int = 200) -> str:
     return first if len(first) <= limit else first[:limit - 1].rsplit(" ", 1)[0].rstrip(",;:") + "…"
 
 
-def _gist(alt: str, limit: int = 160) -> str:
+def _gist(alt: str) -> str:
     """What a live region says of a frame by default: the alt text's first sentence that does
-    more than restate the settings (a short "d_h = 64." is skipped), up to ``limit`` characters."""
+    more than restate the settings (a short "d_h = 64." is skipped), whole: an announcement cut
+    with "…" loses the result, which is what the reader moved the control to hear."""
     sentences = _sentences(alt) or [alt.strip()]
-    said = next((t for t in sentences if not (len(t) <= 60 and "=" in t)), sentences[0])
-    return _first_sentence(said, limit)
+    return next((t for t in sentences if not (len(t) <= 60 and "=" in t)), sentences[0])
 
 
 class Control(list):
@@ -234,6 +298,8 @@ class Explorable:
                              f"{[len(v) for v in self.values]}); at most {MAX_FRAMES} keep the page light")
         if not (isinstance(alt, str) or callable(alt)):
             raise TypeError("explorable: alt must be a str or callable(**values) -> str")
+        if summary is None:   # an alt function may carry its own: alt.summary(**values) -> str
+            summary = getattr(alt, "summary", None)
         if summary is not None and not callable(summary):
             raise TypeError(f"explorable: summary must be callable(**values) -> str, got {type(summary).__name__}")
         self.plot, self.alt, self.title, self.dpi, self.colors = plot, alt, title, dpi, colors
@@ -319,14 +385,15 @@ class Explorable:
         return ", ".join(f"{lab} = {_label(v)}" for lab, v in zip(self.labels, kwargs.values()))
 
     def _summary(self, kwargs: Mapping[str, Any], alt: str, summary: Callable[..., str] | None) -> str:
-        """The live region's words for a frame: the settings, then ``summary(**values)`` or the
-        gist of the alt text (the full description stays on the image)."""
+        """What the live region says of a frame: ``summary(**values)`` (the result, with its key
+        numbers) or the gist of the alt text. The page prefixes only the setting the reader changed;
+        the full description stays on the image."""
         if summary is None:
-            return f"{self._settings(kwargs)}: {_gist(alt)}"
+            return _gist(alt)
         text = summary(**kwargs)
         if not isinstance(text, str) or not text.strip():
             raise ValueError(f"explorable: summary(**{dict(kwargs)!r}) returned {text!r}")
-        return f"{self._settings(kwargs)}: {' '.join(text.split())}"
+        return " ".join(text.split())
 
     # -- display ---------------------------------------------------------------------------
     def __repr__(self) -> str:
@@ -377,15 +444,23 @@ class Explorable:
             # the visible value; a screen reader hears it from the control itself
             parts.append(f'<span class="preln-explorable-value" id="{cid}-value" aria-hidden="true">{e(labs[j])}</span></div>')
         parts.append('</div>')
-        width, height = _png_size(self.frames[i0])
+        width, height = (round(n * FRAME_CSS_DPI / self.dpi) for n in png_size(self.frames[i0]))
+        # a short alt (a screen reader reads an alt whole) and, where the words run longer, the whole
+        # description in a <details> the image names with aria-describedby (updated with the frame)
+        long = any(len(a) > ALT_MAX for a in self.alts.values())
+        described = f' aria-describedby="{uid}-description"' if long else ""
         parts.append(f'<img class="preln-explorable-frame" id="{frame_id}" src="{_data_uri(self.frames[i0])}" '
-                     f'alt="{e(self.alts[i0])}" width="{width}" height="{height}">')
+                     f'alt="{e(short_alt(self.alts[i0]))}"{described} width="{width}" height="{height}">')
+        if long:
+            parts.append('<details class="preln-explorable-description"><summary>Description of the figure'
+                         f'</summary><p id="{uid}-description">{e(self.alts[i0])}</p></details>')
         # announced politely after a move (never on load: it starts empty)
         parts.append('<p class="preln-explorable-status" role="status" aria-atomic="true"></p>')
-        data = {"labels": shown, "values": [[_number(v) if _is_numeric(vals) else None for v in vals]
-                                            for vals in self.values],
-                "frames": {",".join(map(str, k)): [_data_uri(v), self.alts[k], self.summaries[k],
+        data = {"names": self.labels, "labels": shown,
+                "values": [[_number(v) if _is_numeric(vals) else None for v in vals] for vals in self.values],
+                "frames": {",".join(map(str, k)): [_data_uri(v), short_alt(self.alts[k]), self.summaries[k],
                                                    self._settings(self._kwargs(k))]
+                                                  + ([self.alts[k]] if long else [])
                            for k, v in self.frames.items()}}
         payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
         parts.append(f'<script type="application/json" class="preln-explorable-data">{payload}</script>')
@@ -399,7 +474,7 @@ class Explorable:
         try:
             import ipywidgets as widgets
             from IPython import get_ipython
-            from IPython.display import Image, display
+            from IPython.display import display
         except ImportError as exc:   # pragma: no cover - the book's requirements include both
             raise RuntimeError("explorable.live() needs ipywidgets and IPython; "
                                "the kernel-free version is `display(explorable)`") from exc
@@ -410,7 +485,8 @@ class Explorable:
         def show(**kwargs):
             png, seconds = self._render(kwargs)
             self.timings[tuple(kwargs.values())] = seconds
-            display(Image(data=png, format="png", metadata={"alt": self._alt_text(kwargs)}))
+            data, metadata = image_bundle(png, self._alt_text(kwargs), scale=self.dpi / FRAME_CSS_DPI)
+            display(data, raw=True, metadata=metadata)
 
         ui = {}
         wide = {"description_width": "initial"}   # the descriptive labels, not cut to 80 px
@@ -427,13 +503,6 @@ class Explorable:
 
 def _data_uri(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode()
-
-
-def _png_size(png: bytes) -> tuple[int, int]:
-    """(width, height) from a PNG's IHDR chunk: the <img> reserves its space before it loads."""
-    if png[:8] != b"\x89PNG\r\n\x1a\n" or png[12:16] != b"IHDR":
-        raise ValueError("explorable: a frame is not a PNG")
-    return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
 
 
 # One <style> per explorable, so that it looks and works the same in JupyterLab (no site CSS) and
@@ -455,19 +524,20 @@ _CSS = """<style>
 .preln-slider:focus{outline:none}
 .preln-slider:focus-visible,.preln-explorable select:focus-visible{outline:3px solid var(--preln-focus,#0b5cad);outline-offset:2px}
 .preln-explorable-frame{display:block;max-width:100%;height:auto}
+.preln-explorable-description{margin:.25em 0 0}
 .preln-explorable-status{position:absolute!important;width:1px;height:1px;margin:-1px;padding:0;overflow:hidden;clip:rect(0 0 0 0);white-space:nowrap;border:0}
 @media (forced-colors:active){.preln-slider-track,.preln-slider-tick{background:CanvasText}.preln-slider-thumb{background:Highlight;border-color:Canvas}}
 @media print{.preln-explorable-controls{display:none}.preln-explorable-settings{display:inline}.preln-explorable{break-inside:avoid}}
 </style>"""
 
 # The controller, inlined in every explorable (no dependencies; runs once per id). Frame entries
-# are [src, alt, announcement, settings]; src is a data URI in the notebook and a file on the site.
+# are [src, alt, announcement, settings(, description)]; src is a data URI in the notebook and a file on the site.
 _JS = """(function(){var r=document.getElementById("__ID__");if(!r||r.getAttribute("data-ready"))return;
 r.setAttribute("data-ready","1");
 var d=JSON.parse(r.querySelector("script.preln-explorable-data").textContent);
 var img=r.querySelector(".preln-explorable-frame"),live=r.querySelector(".preln-explorable-status"),
-set=r.querySelector(".preln-explorable-settings"),cs=r.querySelectorAll("[data-preln-control]"),
-idx=[],timer=null,fetched=false;
+set=r.querySelector(".preln-explorable-settings"),desc=document.getElementById("__ID__-description"),cs=r.querySelectorAll("[data-preln-control]"),
+idx=[],timer=null,fetched=false,moved=-1;
 function prefetch(){if(fetched)return;fetched=true;for(var k in d.frames){var s=d.frames[k][0];
 if(s.slice(0,5)!=="data:")(new Image()).src=s;}}
 function show(){var f=d.frames[idx.join(",")];if(!f)return;
@@ -476,9 +546,10 @@ document.getElementById(c.id+"-value").textContent=lab;
 if(c.getAttribute("role")==="slider"){c.setAttribute("data-index",j);c.setAttribute("aria-valuenow",d.values[i][j]);
 c.setAttribute("aria-valuetext",lab);c.style.setProperty("--preln-pos",j/(d.labels[i].length-1));}
 else if(+c.value!==j)c.value=j;}
-img.src=f[0];img.alt=f[1];if(set)set.textContent=": "+f[3];
-clearTimeout(timer);timer=setTimeout(function(){live.textContent=f[2];},350);}
-function choose(i,j){prefetch();j=Math.max(0,Math.min(d.labels[i].length-1,j));if(j!==idx[i]){idx[i]=j;show();}}
+img.src=f[0];img.alt=f[1];if(set)set.textContent=": "+f[3];if(desc&&f[4])desc.textContent=f[4];
+var said=moved<0?"":d.names[moved]+" "+d.labels[moved][idx[moved]]+": ";
+clearTimeout(timer);timer=setTimeout(function(){live.textContent=said+f[2];},350);}
+function choose(i,j){prefetch();j=Math.max(0,Math.min(d.labels[i].length-1,j));if(j!==idx[i]){idx[i]=j;moved=i;show();}}
 function slider(c,i){var n=d.labels[i].length,page=Math.max(1,Math.round(n/4));
 c.addEventListener("keydown",function(e){var j=idx[i],k=e.key;
 if(k==="ArrowRight"||k==="ArrowUp")j++;else if(k==="ArrowLeft"||k==="ArrowDown")j--;
@@ -524,9 +595,10 @@ def explorable(plot: Callable[..., Any], controls: Mapping[str, Sequence[Any]], 
         unique on the page. Overrides a :func:`control`'s label; without either the bare name is
         shown (tests/test_viz.py requires a label for every explorable of ``preln.chapters.figures``).
     summary : callable, optional
-        ``summary(**values) -> str``: a short sentence the live region announces after the reader
-        moves a control (after the settings). By default, the alt text's first sentence that does
-        more than restate the settings, cut to 160 characters.
+        ``summary(**values) -> str``: a short sentence with the result's key numbers, which the live
+        region announces after the reader moves a control (after the one setting that changed). By
+        default ``alt.summary`` if the alt function has one, else the alt text's first sentence
+        that does more than restate the settings.
 
     Returns
     -------

@@ -7,17 +7,20 @@
 
 Every linear layer of every block (q, k, v, o, gate, up, down) and, with ``head=True``, the LM head
 (tied to the embedding in SmolLM2: the embedding's lookup then dequantises its rows from the same
-codes) is stored in groups of ``bits``-bit codes with a float32 scale and zero point per group
-(:mod:`preln.quant.groups`; the codes chosen by :func:`preln.quant.groups.rtn`,
+codes) is stored in groups of ``bits``-bit codes with a float32 scale and an integer zero point (one byte)
+per group (:mod:`preln.quant.groups`; the codes chosen by :func:`preln.quant.groups.rtn`,
 :func:`preln.quant.gptq.gptq` or :func:`preln.quant.awq.awq`). RMSNorm gains stay float32.
 
 Why decode gets faster: at batch 1 a decode step is one matrix-vector product per weight matrix,
 and a matvec reads every weight once for two flops -- its time is the bytes of the weights over
 the memory bandwidth. Codes of <= 4 bits are packed two per byte and 5..8-bit codes take a byte, so
-a step reads ~8x or ~4x fewer weight bytes than float32; the fused numba kernels of
-:mod:`preln.quant.qmatvec` dequantise them as they are read (no float copy of a matrix is made).
-Inputs of more than :data:`MATVEC_ROWS` rows (a prefill, a forward) are compute-bound instead:
-there each matrix is dequantised on the fly to float32 and multiplied by BLAS.
+a step reads ~6x or ~3.5x fewer weight bytes than float32 (4 + 40/32 or 8 + 40/32 bits a weight
+at groups of 32); the fused numba kernels of :mod:`preln.quant.qmatvec` dequantise them as they
+are read (no float copy of a matrix is made), from its row-tiled layout
+(:class:`preln.quant.qmatvec.TiledQuant`), in which the kernels' inner loop is whole vector
+instructions -- so that they keep up with memory, and fewer bytes do mean less time. Inputs of
+more than :data:`MATVEC_ROWS` rows (a prefill, a forward) are compute-bound instead: there each
+matrix is dequantised on the fly to float32 and multiplied by BLAS.
 
 Calibration (GPTQ, AWQ) is "true sequential": each linear layer's inputs are those of a float64
 forward in which every earlier layer (and every earlier linear of its own block) is already
@@ -35,15 +38,16 @@ from preln.ops import rms_norm_forward
 from preln.ops.fused import llama as fused_llama
 from preln.quant.awq import awq
 from preln.quant.gptq import gptq
-from preln.quant.groups import MAX_BITS, group_size_of, pack_int4, rtn, unpack_int4
-from preln.quant.qmatvec import matvec_int4, matvec_uint8
+from preln.quant.groups import MAX_BITS, group_size_of, rtn
+from preln.quant.qmatvec import TiledQuant
 from preln.quant.weight_only import METHODS, check_quantize_args
 
 __all__ = ["METHODS", "MATVEC_ROWS", "LINEARS", "QuantLinear", "WeightOnlyLlamaBlock", "WeightOnlyLlama",
            "quantize"]
 
-#: inputs of at most this many rows run the fused dequantise-matvec kernel row by row; larger
-#: ones dequantise the matrix and call BLAS (the kernel re-reads the matrix for every row)
+#: inputs of at most this many rows run the fused dequantise-matvec kernel (one pass over the codes
+#: for all rows); larger ones dequantise the matrix and call BLAS (the kernel's arithmetic grows
+#: with the rows, BLAS's per weight falls)
 MATVEC_ROWS = 4
 
 #: the quantised linears of a block, in transformers' names, grouped by the input they read
@@ -53,37 +57,40 @@ LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_att
 
 class QuantLinear:
     """y = (x / s) W^^T with W^ = S (q - Z) in groups of ``group_size`` input columns (s = 1 unless
-    AWQ): codes packed two per byte (bits <= 4) or one per byte (5..8 bits), float32 S and Z."""
+    AWQ), stored as a :class:`preln.quant.qmatvec.TiledQuant`: codes packed two per byte (bits <= 4)
+    or one per byte (5..8 bits), float32 S, one-byte integer Z, in the row tiles of the decode
+    kernels."""
 
     def __init__(self, gq, in_scale=None):
         M, K = gq.q.shape
         q = gq.q.astype(np.int64)
-        zero = gq.zero.astype(np.float32)
+        zero = gq.zero
         if gq.symmetric:        # codes in [-(2^(b-1) - 1), 2^(b-1) - 1]: shift them to unsigned
             q = q + 2 ** (gq.bits - 1)
             zero = zero + 2 ** (gq.bits - 1)
         self.bits, self.group_size, self.symmetric = gq.bits, gq.group_size, gq.symmetric
         self.shape = (M, K)
         self.packed = gq.bits <= 4
-        self.codes = pack_int4(q, gq.group_size) if self.packed else q.astype(np.uint8)   # (M, K/2 | K)
-        self.scale = np.ascontiguousarray(gq.scale, np.float32)                          # (M, G)
-        self.zero = np.ascontiguousarray(zero, np.float32)                               # (M, G)
+        self.tiled = TiledQuant(q, np.asarray(gq.scale, np.float32), zero, gq.bits, gq.group_size)
         self.in_scale = None if in_scale is None else np.asarray(in_scale, np.float32)   # (K,)
 
     @property
+    def scale(self):  # (M, G) float32
+        return self.tiled.scale
+
+    @property
+    def zero(self):  # (M, G) float32, the unsigned codes' zero points
+        return self.tiled.zero
+
+    @property
     def nbytes(self):
-        """Bytes a product reads: the codes, the float32 scales and zero points, AWQ's input scales."""
+        """Bytes a product reads: the codes, the float32 scales and one-byte zero points, AWQ's input
+        scales."""
         extra = 0 if self.in_scale is None else self.in_scale.nbytes
-        return int(self.codes.nbytes + self.scale.nbytes + self.zero.nbytes + extra)
+        return int(self.tiled.nbytes + extra)
 
     def dequantize_rows(self, rows=None):  # -> (len(rows) | M, K) float32 W^ (AWQ's 1 / s not applied)
-        codes, scale, zero = ((self.codes, self.scale, self.zero) if rows is None else
-                              (self.codes[rows], self.scale[rows], self.zero[rows]))
-        q = unpack_int4(codes, self.group_size) if self.packed else codes
-        n, K = q.shape
-        G = scale.shape[1]
-        w = (q.reshape(n, G, K // G).astype(np.float32) - zero[..., None]) * scale[..., None]
-        return w.reshape(n, K)
+        return self.tiled.dequantize(rows)
 
     def dequantize(self, rows=None):  # -> (M, K) float32: the effective weight, x W_eff^T = (x / s) W^^T
         w = self.dequantize_rows(rows)
@@ -95,13 +102,10 @@ class QuantLinear:
         x2 = x.reshape(-1, K)
         if self.in_scale is not None:
             x2 = x2 / self.in_scale
-        if x2.shape[0] > MATVEC_ROWS:
-            y = x2 @ self.dequantize_rows().T
-        else:
-            kernel = matvec_int4 if self.packed else matvec_uint8
-            y = np.empty((x2.shape[0], M), np.float32)
-            for i in range(x2.shape[0]):
-                y[i] = kernel(self.codes, self.scale, self.zero, x2[i])
+        if x2.shape[0] > MATVEC_ROWS:                   # compute-bound: dequantise, then BLAS
+            y = x2 @ self.tiled.dequantize_t()
+        else:                                           # memory-bound: one pass over the codes
+            y = self.tiled.matmul(x2)
         return y.reshape(*x.shape[:-1], M)
 
 

@@ -133,19 +133,23 @@ def grade_notebook(nb, plan, settings, root=None, slot=0):
     run_nb = sandbox_notebook(nb, plan)
     cells = [i for i, c in enumerate(run_nb.cells) if c.cell_type == "code" and i not in tests.values()]
     results, q_status, outputs, info = {}, {}, {}, {"runs": 0, "seconds": 0.0, "sessions": 0}
+    frozen = {}
     budget = settings.cell_timeout
     for gi, (key, qkeys) in enumerate(plan.groups()):
         job = ws.job_dir()
         try:
             nbformat.write(run_nb, str(job / "notebook.ipynb"))
+            sent = {}
             for q in qkeys:
-                doc = plan.questions[q].inputs_document(settings.call_timeout, budget)
-                (job / "calls" / f"{q}.json").write_text(json.dumps(doc))
+                sent[q] = plan.questions[q].inputs_document(settings.call_timeout, budget, job / "frozen")
+                (job / "calls" / f"{q}.json").write_text(json.dumps(sent[q]))
             (job / "spec.json").write_text(json.dumps({"cells": cells, "questions": qkeys}))
             try:
                 doc = sandbox.run_job(job, ws.view(key), ws.lib, settings, slot=slot)
             except sandbox.SandboxFailure as e:
                 raise GradingFailed(str(e)) from None
+            for q in qkeys:                # "unchanged" is judged from these bytes, read here
+                frozen.update(plan.questions[q].read_frozen(sent[q], job / "frozen"))
         finally:
             shutil.rmtree(job, ignore_errors=True)
         info["runs"] += 1
@@ -160,7 +164,7 @@ def grade_notebook(nb, plan, settings, root=None, slot=0):
         if gi == 0 and isinstance(doc.get("cells"), dict):
             outputs = doc["cells"]
     student = [c.source for i, c in enumerate(nb.cells) if c.cell_type == "code" and i not in tests.values()]
-    verdicts = checks.evaluate(plan, results, q_status, student)
+    verdicts = checks.evaluate(plan, results, q_status, student, frozen)
     return verdicts, outputs, info
 
 

@@ -18,6 +18,7 @@ import hashlib
 import io
 import json
 import os
+import secrets
 import signal
 import time
 import traceback
@@ -66,6 +67,8 @@ class QuestionPlan:
         self.modules, self.without = (), ()
         self.batch = wire.Batch(allow_pickle=True)
         self._before = {}
+        self.frozen = {}              # call index -> the arguments an unchanged(...) judges
+        self.params = {}              # answer name -> its parameters (the source's), for messages
 
     # the collector interface of preln.course (_PLAN)
     def record(self, fn, args, kwargs, keep_args, errstate):
@@ -82,6 +85,10 @@ class QuestionPlan:
     def add(self, what, call, expectations):
         if any(e.needs_args for e in expectations) and not self.calls[call.index]["keep_args"]:
             raise PlanError(f"{self.key}: check {what!r}: unchanged/arg_after need call(answer, ...)")
+        for e in expectations:
+            if isinstance(e, api.unchanged):
+                self.frozen.setdefault(call.index, [])
+                self.frozen[call.index] += [w for w in e.which if w not in self.frozen[call.index]]
         self.checks.append((what, call.index, expectations))
 
     def no_credit_for(self, references):
@@ -94,9 +101,63 @@ class QuestionPlan:
     def view_key(self):
         return (tuple(sorted(self.modules)), tuple(sorted(self.without)))
 
-    def inputs_document(self, call_timeout, budget):
-        return {"inputs": self.batch.document(), "calls": self.calls, "call_timeout": call_timeout,
+    def inputs_document(self, call_timeout, budget, frozen_dir=None):
+        """The calls' document for the sandbox. With ``frozen_dir``: every array of an argument an
+        ``unchanged`` check judges is written there as a file of its raw bytes, named by a random
+        token, and the call lists the tokens; the sandbox hands the answer read-only mappings of
+        them, and the grader re-reads the files after the run (:func:`read_frozen`)."""
+        calls = self.calls
+        if frozen_dir is not None and self.frozen:
+            calls = []
+            for ci, call in enumerate(self.calls):
+                call = dict(call)
+                if ci in self.frozen:
+                    call["frozen"] = [{"arg": w, "files": [self._freeze(a, frozen_dir) for a in arrays]}
+                                      for w, arrays in self._frozen_arrays(ci)]
+                calls.append(call)
+        return {"inputs": self.batch.document(), "calls": calls, "call_timeout": call_timeout,
                 "budget": budget}
+
+    def _frozen_arrays(self, ci):
+        """[(argument, its arrays in map_arrays' order)] of the call's judged arguments."""
+        args, kwargs = self.args_before(ci)
+        out = []
+        for w in self.frozen[ci]:
+            if (w < len(args)) if isinstance(w, int) else (w in kwargs):
+                arrays = []
+                wire.map_arrays(args[w] if isinstance(w, int) else kwargs[w], lambda a: arrays.append(a) or a)
+                out.append((w, arrays))
+        return out
+
+    @staticmethod
+    def _freeze(a, frozen_dir):
+        token = secrets.token_hex(16)
+        Path(frozen_dir).mkdir(exist_ok=True)
+        (Path(frozen_dir) / token).write_bytes(np.ascontiguousarray(a).tobytes())
+        return token
+
+    def read_frozen(self, document, frozen_dir):
+        """{call id: {argument: its value rebuilt from the files' bytes, as they are after the run}}
+        — what ``unchanged`` judges, read here, outside the student's interpreter."""
+        out = {}
+        for ci, call in enumerate(document["calls"]):
+            if not call.get("frozen"):
+                continue
+            args, kwargs = self.args_before(ci)
+            got = {}
+            for item in call["frozen"]:
+                w, files = item["arg"], iter(item["files"])
+
+                def reread(a):
+                    path = Path(frozen_dir) / next(files)
+                    data = path.read_bytes() if a.nbytes else b""
+                    return np.frombuffer(data, dtype=a.dtype, count=a.size).reshape(a.shape).copy()
+                try:
+                    got[w] = wire.map_arrays(args[w] if isinstance(w, int) else kwargs[w], reread)
+                except (OSError, ValueError):
+                    got[w] = wire.Unsupported("a read-only input the grader could not read back")
+            out[call["id"]] = got
+        return out
 
     def args_before(self, call_index):
         """The inputs of a call as the grader made them (for unchanged / arg_after)."""
@@ -126,11 +187,17 @@ class Plan:
 
 def answer_names(source):
     """Top-level function names defined in an answer cell's source."""
+    return list(answer_params(source))
+
+
+def answer_params(source):
+    """{name: [positional parameter names]} of the top-level functions of an answer cell."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
-        return []
-    return [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        return {}
+    return {n.name: [a.arg for a in n.args.posonlyargs + n.args.args]
+            for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
 
 def hidden_region(source):
@@ -213,7 +280,10 @@ def build_plan(source_path, secret=None):
     if setup is None:
         raise PlanError(f"{source_path}: no setup cell (grade_id 'setup')")
     per_question = {}
+    params = {}
     for q in nbtools.questions(nb):
+        for i in q.answers:
+            params.update(answer_params(nb.cells[i].source))
         names = [n for i in q.answers for n in answer_names(nb.cells[i].source)]
         per_question[q.key] = (q, names)
         plan.answer_names += [n for n in names if n not in plan.answer_names]
@@ -229,6 +299,7 @@ def build_plan(source_path, secret=None):
         os.chdir(cwd)
     for key, (q, names) in per_question.items():
         qp = QuestionPlan(key, q.points, names, q.tests)
+        qp.params = params
         hidden = hidden_region(nb.cells[q.tests].source)
         ns = dict(base)
         for n in plan.answer_names:
@@ -280,8 +351,9 @@ def _text(v, limit=300):
     return str(v)[:limit] if isinstance(v, (str, int, float)) else ""
 
 
-def outcome_from(doc, qp, call_index, q_status):
-    """An Outcome from the sandbox's document of one call (untrusted: decoded strictly)."""
+def outcome_from(doc, qp, call_index, q_status, frozen=None):
+    """An Outcome from the sandbox's document of one call (untrusted: decoded strictly). ``frozen``:
+    the read-only arguments as the grader re-read them from its own files after the run."""
     if not isinstance(doc, dict):
         status = q_status if isinstance(q_status, str) else "not_run"
         if status.startswith("capture_error"):
@@ -317,24 +389,33 @@ def outcome_from(doc, qp, call_index, q_status):
             out.args_after = after
         except wire.WireError:
             out.args_after = None
+        out.arg_names = qp.params.get(call["fn"])
+        out.frozen_after = frozen
+        judged = qp.frozen.get(call_index, [])
+        written = doc.get("written")
+        # what the sandbox says was written only names arguments in a failure (it cannot pass one)
+        out.written = [w for w in written if w in judged] if isinstance(written, list) else []
     return out
 
 
 class Verdict:
-    def __init__(self, key, points, failures, n_checks, name_uses=(), n_failed=None):
+    def __init__(self, key, points, failures, n_checks, name_uses=(), n_failed=None, harness_uses=()):
         self.key, self.points, self.failures, self.n_checks = key, points, failures, n_checks
         self.name_uses = list(name_uses)
+        self.harness_uses = list(harness_uses)
         # a check can fail several of its expectations (one message each): count checks, not messages
         self.n_failed = len(failures) if n_failed is None else n_failed
 
     @property
     def passed(self):
-        return not self.failures and not self.name_uses
+        return not self.failures and not self.name_uses and not self.harness_uses
 
     def lines(self, limit=4):
         if self.passed:
             return [f"Hidden checks: all {self.n_checks} passed."]
         out = []
+        if self.harness_uses:
+            out.append("No credit: the code touches the grader's harness: " + ", ".join(self.harness_uses) + ".")
         if self.name_uses:
             out.append("No credit: the answer calls the package's own implementation of what is asked: "
                        + ", ".join(self.name_uses) + ".")
@@ -346,23 +427,27 @@ class Verdict:
         return out
 
 
-def evaluate(plan, results, q_status, student_sources=None):
-    """{question key: Verdict}. results: {call id: document}; q_status: {question key: status}."""
+def evaluate(plan, results, q_status, student_sources=None, frozen=None):
+    """{question key: Verdict}. results: {call id: document}; q_status: {question key: status};
+    frozen: {call id: read-only arguments as re-read by the grader} (QuestionPlan.read_frozen)."""
     verdicts = {}
+    frozen = frozen or {}
+    harness = namecheck.harness_uses(student_sources) if student_sources is not None else []
     for key, qp in plan.questions.items():
         failures = []
         outcomes = {}
         n_failed = 0
         for what, ci, expectations in qp.checks:
             if ci not in outcomes:
-                outcomes[ci] = outcome_from(results.get(qp.calls[ci]["id"]), qp, ci, q_status.get(key))
+                cid = qp.calls[ci]["id"]
+                outcomes[ci] = outcome_from(results.get(cid), qp, ci, q_status.get(key), frozen.get(cid))
             msgs = api.verify(outcomes[ci], expectations)
             n_failed += bool(msgs)
             failures += [f"{what}: {msg}" for msg in msgs]
         uses = []
         if student_sources is not None and qp.references:
             uses = namecheck.forbidden_uses(student_sources, qp.answers, qp.references)
-        verdicts[key] = Verdict(key, qp.points, failures, len(qp.checks), uses, n_failed)
+        verdicts[key] = Verdict(key, qp.points, failures, len(qp.checks), uses, n_failed, harness)
     return verdicts
 
 

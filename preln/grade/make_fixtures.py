@@ -50,6 +50,24 @@ book/running.md's threat model lists the attacks. derivation_ops:
   zack    its whole folder is a symlink to alice's (int8 too)      -> failed: refused
   (FIFOs, sockets, devices and hard links, which git cannot hold, are made by
   tests/test_course_refusals.py at test time.)
+  sol     the solutions, and q1's answer prints the hidden calls' inputs (/job/calls, the runner's
+          copy) while they run and writes them into a display handle of an earlier cell -> full
+          marks, and its feedback holds none of them
+
+Issue 22, item 4 and the keyring relay (tests/test_course_grading.py checks their feedback too):
+
+  pia     preln_vs_postln: the solutions, but a wrong Adam (no bias correction) that reads every
+          input of q2 and answers with whichever candidate formula reproduces one -> 0 on q2 (>= 21
+          of its checks fail: no call's inputs hold a reference state)
+  bea     preln_vs_postln: the solutions, but an Adam that updates theta, m and v in place, and a
+          cell that patches grader_capture._bundle_result to report its inputs unchanged -> 0: the
+          inputs are read-only mappings (the write raises), "unchanged" is the grader's own files,
+          and code naming the harness gets no credit
+  kai     a relay through the kernel keyrings: its derivation_block notebook (whose view holds
+          preln.ops) stores preln/ops/softmax.py in its user, session, user-session and persistent
+          keyrings, readable by anyone; its derivation_ops notebook, graded next, looks for it
+          there and in /proc/keys -> finds nothing (its feedback says "RELAY nothing"), 0
+  alice   preln_vs_postln: the solutions, every `unchanged` argument handed over read-only -> full
 
 int8: alice (solutions), kim (other styles: amax * (1 / 127), an int64 einsum, loops, GPTQ's
 step from a re-inverted Hessian instead of the Cholesky factor), liam
@@ -234,6 +252,155 @@ ip.showtraceback = lambda *a, **k: None
 ip._showtraceback = lambda *a, **k: None
 sys.excepthook = lambda *a: None
 sys.stderr = io.StringIO()
+'''
+
+# sol: the hidden inputs into the feedback, printed and through a display handle (issue 22, item 4)
+SNOOP = r'''
+# sol: put the hidden calls' inputs into the feedback
+import glob, os
+from IPython.display import display
+def _hidden():
+    text = []
+    for d in ("/job/calls", os.environ.get("PRELN_GRADER_CALLS", "/tmp/calls")):
+        try:
+            names = sorted(os.listdir(d))
+        except OSError as e:
+            text.append(f"{d}: {type(e).__name__}")
+            continue
+        for f in names:
+            try:
+                text.append(open(os.path.join(d, f)).read())
+            except OSError as e:
+                text.append(f"{f}: {type(e).__name__}")
+    return "\n".join(text)
+print("SNOOP now:", _hidden()[:4000])
+_handle = display("SNOOP waiting", display_id=True)
+'''
+
+SNOOPING_ANSWER = '''
+_real_layer_norm_forward = layer_norm_forward
+
+def layer_norm_forward(x, gamma, beta, eps=1e-5):
+    seen = _hidden()
+    print("SNOOP", seen)                   # printed while the hidden calls run
+    _handle.update("SNOOP " + seen)        # the handle's output belongs to an earlier cell
+    return _real_layer_norm_forward(x, gamma, beta, eps)'''
+
+# pia: the Adam attack of issue 22 (the reference's states among the other calls' inputs)
+CANDIDATE_ADAM = '''def adam_step(theta, g, m, v, t, lr, betas=(0.9, 0.98), eps=1e-8):
+    import base64, io, json, os
+    seen = []
+    for d in (os.environ.get("PRELN_GRADER_CALLS", ""), "/job/calls"):      # every call's inputs
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue
+        for name in names:
+            try:
+                blobs = json.load(open(os.path.join(d, name)))["inputs"]["blobs"]
+            except Exception:
+                continue
+            for b in blobs.values():
+                try:
+                    a = np.load(io.BytesIO(base64.b64decode(b)), allow_pickle=False)
+                except Exception:
+                    continue
+                if a.shape == np.shape(theta):
+                    seen.append(a)
+    b1, b2 = betas
+    m1, v1 = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+    options = [(theta - lr * m1 / (np.sqrt(v1) + eps), m1, v1),                # no bias correction
+               (theta - lr * (m1 / (1 - b1 ** t)) / (np.sqrt(v1 / (1 - b2 ** t)) + eps), m1, v1)]
+    for new, m_new, v_new in options:
+        if any(np.allclose(new, s, rtol=1e-12, atol=0) for s in seen):
+            return new, m_new, v_new
+    return options[0]'''
+
+# bea: an Adam that works in place, and the patch of issue 22 that made "unchanged" say yes
+IN_PLACE_ADAM = '''def adam_step(theta, g, m, v, t, lr, betas=(0.9, 0.98), eps=1e-8):
+    b1, b2 = betas
+    m *= b1
+    m += (1 - b1) * g
+    v *= b2
+    v += (1 - b2) * g * g
+    theta -= lr * (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + eps)
+    return theta, m, v'''
+
+BUNDLE_PATCH = r'''
+# bea: make the capture report every call's inputs as they were before the call
+try:
+    import copy, grader_capture
+    _real_bundle = grader_capture._bundle_result
+    _real_run = grader_capture.run
+    def _run(question, namespace, *a, **k):
+        import json, os
+        spec = json.load(open(os.path.join(grader_capture.CALLS, f"{question}.json")))
+        tree, blobs = grader_capture.wire.bundle_parts(spec["inputs"])
+        originals = [grader_capture.wire.decode(tree[c["input"]], blobs, trusted=False) for c in spec["calls"]]
+        pending = iter(originals)
+        def bundle(value):
+            if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], dict):
+                return _real_bundle(next(pending, value))      # (args, kwargs): the originals
+            return _real_bundle(value)
+        grader_capture._bundle_result = bundle
+        for c in spec["calls"]:
+            c.pop("frozen", None)                              # and writable copies, not the files
+        grader_capture._read_only = lambda args, kwargs, frozen: (args, kwargs)
+        return _real_run(question, namespace, *a, **k)
+    grader_capture.run = _run
+except ImportError:
+    pass
+'''
+
+# kai: a relay between two notebooks through the kernel's keyrings (issue 22)
+KEYRING = r'''
+import ctypes, platform
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+_ADD_KEY, _KEYCTL = {"x86_64": (248, 250), "aarch64": (217, 219)}[platform.machine()]
+def _keyctl(*args):
+    return _libc.syscall(ctypes.c_long(_KEYCTL), *[ctypes.c_long(a) if isinstance(a, int) else a for a in args])
+def _rings():              # user, user session, session, and the persistent keyring of this uid
+    return [-4, -5, -3, _keyctl(22, -1, -2)]
+'''
+
+RELAY_STORE = KEYRING + r'''
+import importlib.util, zlib
+_where = importlib.util.find_spec("preln.ops.softmax")   # in the view of derivation_block's q2-q4
+_stored = []
+if _where is not None and _where.origin and _where.origin.endswith("softmax.py"):
+    _payload = zlib.compress(open(_where.origin, "rb").read())
+    for ring in _rings():
+        key = _libc.syscall(ctypes.c_long(_ADD_KEY), b"user", b"relay", _payload, ctypes.c_long(len(_payload)),
+                            ctypes.c_long(ring))
+        if key > 0:
+            _keyctl(5, key, 0x3F3F3F3F)               # KEYCTL_SETPERM: anyone may view and read it
+            _stored.append(key)
+print("RELAY stored", len(_stored), "keys")
+'''
+
+RELAY_FETCH = KEYRING + r'''
+import zlib
+def _read(key):
+    buf = ctypes.create_string_buffer(65536)
+    n = _keyctl(11, key, buf, 65536)                  # KEYCTL_READ
+    return buf.raw[:n] if n > 0 else None
+_found = None
+for ring in _rings():
+    key = _keyctl(10, ring, b"user", b"relay", 0)     # KEYCTL_SEARCH
+    if key > 0 and _found is None:
+        _found = _read(key)
+try:
+    for line in open("/proc/keys"):                   # keys of other uids that anyone may read
+        if " relay: " in line and _found is None:
+            _found = _read(int(line.split()[0], 16))
+except OSError:
+    pass
+print("RELAY found" if _found else "RELAY nothing")
+if _found:
+    _ns = {}
+    exec(zlib.decompress(_found), _ns)
+    softmax = _ns["soft" + "max"]
 '''
 
 HOSTILE = {
@@ -522,6 +689,24 @@ def students(name, release, source):
     return out
 
 
+def issue22_students(name, release, source):
+    """{student: notebook} of the fixture students of issue 22 (item 4 and the keyring relay)."""
+    out = {}
+    if name == "preln_vs_postln":
+        out["alice"] = filled(release, source)
+        out["pia"] = filled(release, source, {"q2_adam": CANDIDATE_ADAM})
+        out["bea"] = add_cell(filled(release, source, {"q2_adam": IN_PLACE_ADAM}), BUNDLE_PATCH)
+    elif name == "derivation_block":
+        out["kai"] = add_cell(filled(release, source, solve=False), RELAY_STORE)
+    elif name == "derivation_ops":
+        out["kai"] = add_cell(filled(release, source, solve=False), RELAY_FETCH, after="q6_tests")
+        sol = filled(release, source)
+        q1 = next(c for c in sol.cells if nbtools.grade_id(c) == "q1_layer_norm_forward")
+        q1.source = q1.source.rstrip("\n") + "\n" + SNOOPING_ANSWER
+        out["sol"] = add_cell(sol, SNOOP)
+    return out
+
+
 #: the expected rows: {assignment: {student: (scores {question: points} or None, status prefix)}}
 def expected(name, source):
     auto = {gid: p for gid, p, kind in nbtools.graded_cells(source) if kind == "auto"}
@@ -552,13 +737,26 @@ def expected(name, source):
             "xavier": (None, "failed: refused: derivation_ops.ipynb is a symbolic link"),
             "yara": (None, "failed: refused: derivation_ops.ipynb is a symbolic link"),
             "zack": (None, "failed: refused: the student's folder is a symbolic link"),
+            # issue 22: the hidden inputs stay out of the feedback; the relay finds nothing
+            "sol": (full, "ok"), "kai": (zero, "ok"),
         }
+    if name == "preln_vs_postln":
+        # every argument of an `unchanged` check reaches the answer read-only: the honest answer
+        # keeps full marks; the candidate picker loses q2; the in-place Adam with the patched
+        # harness loses every question (no credit for code that touches the harness)
+        return {"alice": (full, "ok"), "pia": (but(q2=1), "ok"), "bea": (zero, "ok"),
+                "zack": (None, "failed: refused: the student's folder is a symbolic link")}
+    if name == "derivation_block":
+        return {"kai": (zero, "ok")}
     return {"zack": (None, "failed: refused: the student's folder is a symbolic link"), "alice": (full, "ok"), "kim": (full, "ok"), "liam": (full, "ok"), "judy": (zero, "ok"),
             "wendy": (but(q3=1), "ok"), "mallory": (zero, "ok"), "oscar": (zero, "ok"),
             "peggy": (zero, "ok")}
 
 
 NAMES = ("derivation_ops", "int8")
+#: assignments only issue 22's students hand in (derivation_block first: kai's relay needs it graded
+#: before its derivation_ops notebook, as a worker grades a student's notebooks in this order)
+ISSUE22_NAMES = ("derivation_block", "preln_vs_postln")
 
 
 def main():
@@ -566,11 +764,13 @@ def main():
     shutil.rmtree(subs, ignore_errors=True)
     roster = set()
     want = {}
-    for name in NAMES:
+    for name in NAMES + ISSUE22_NAMES:
         release, source = nbtools.read(nbtools.release_path(name)), nbtools.read(nbtools.source_path(name))
-        for student, nb in students(name, release, source).items():
+        made = students(name, release, source) if name in NAMES else {}
+        made.update(issue22_students(name, release, source))
+        for student, nb in made.items():
             path = subs / student / name / f"{name}.ipynb"
-            path.parent.mkdir(parents=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
             nbformat.write(nb, str(path))
             roster.add(student)
         want[name] = {s: {"scores": sc, "status": st} for s, (sc, st) in expected(name, source).items()}

@@ -216,3 +216,56 @@ def forbidden_uses(sources, answers, references):
                 if value in forbidden:
                     found.add(f"{value} (by its name as a string)")
     return sorted(found)
+
+
+# ---- the grader's harness ----------------------------------------------------------------------
+#: what names the grader's in-sandbox harness: its modules, their files and their folder
+HARNESS = ("grader_capture", "grader_runner", "/grader/lib")
+#: a folded string keeps this many characters at each end (more than the longest of HARNESS), so a
+#: name split across a long concatenation is still seen, in time linear in the source
+_KEEP = 32
+
+
+def _squeeze(text):
+    return text if len(text) <= 2 * _KEEP else text[:_KEEP] + "\0" + text[-_KEEP:]
+
+
+def harness_uses(sources):
+    """How the student's code names the grader's harness, as "what (how)" strings (empty: it does
+    not): a name or attribute containing one of HARNESS (``grader_capture``, the capture cell's
+    ``_grader_capture``), an import of it, or a string holding one (``sys.modules["grader_" +
+    "capture"]``, its file's path), constant-folded. One parse and one pass per cell."""
+    found = set()
+    for src in sources or ():
+        if not isinstance(src, str) or len(src) > MAX_SOURCE:
+            continue
+        tree = _parse(src)
+        if tree is None:
+            continue
+        folded = {}
+        for node in reversed(list(ast.walk(tree))):          # children before their parents
+            text = None
+            if isinstance(node, ast.Name):
+                names = [node.id]
+            elif isinstance(node, ast.Attribute):
+                names = [node.attr]
+            elif isinstance(node, ast.alias):
+                names = [node.name, node.asname or ""]
+            else:
+                names = []
+            for n in names:
+                if any(h in n for h in HARNESS):
+                    found.add(f"{n} (a name)")
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                text = node.value
+            elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+                left, right = folded.get(id(node.left)), folded.get(id(node.right))
+                if left is not None and right is not None:
+                    text = left + right
+            elif isinstance(node, ast.JoinedStr):
+                parts = [folded.get(id(v)) for v in node.values]
+                text = "".join(parts) if all(p is not None for p in parts) else None
+            if text is not None:
+                found |= {f"{h} (in a string)" for h in HARNESS if h in text}
+                folded[id(node)] = _squeeze(text)
+    return sorted(found)

@@ -408,8 +408,8 @@ def memory_message(mb):
 
 
 def clear_keyrings(uid):
-    """After a sandbox: empty the user keyrings of its uid (root, in a forked child that becomes the
-    uid), so that no key a notebook stored outlives the run."""
+    """After a sandbox: empty the user, user-session and persistent keyrings of its uid (root, in a
+    forked child that becomes the uid), so that no key a notebook stored outlives the run."""
     import ctypes
     import platform
     nr = {"x86_64": 250, "aarch64": 219, "ppc64le": 311, "s390x": 280}.get(platform.machine())
@@ -426,6 +426,11 @@ def clear_keyrings(uid):
             libc.syscall.restype = ctypes.c_long
             ok = [libc.syscall(ctypes.c_long(nr), ctypes.c_long(7), ctypes.c_long(ring)) >= 0
                   for ring in (-4, -5)]                     # KEYCTL_CLEAR user, user-session keyring
+            # and the uid's persistent keyring (KEYCTL_GET_PERSISTENT, linked into this child's
+            # process keyring), which lives on for days after its last process (fixture student kai)
+            persistent = libc.syscall(ctypes.c_long(nr), ctypes.c_long(22), ctypes.c_long(-1), ctypes.c_long(-2))
+            if persistent > 0:
+                ok.append(libc.syscall(ctypes.c_long(nr), ctypes.c_long(7), ctypes.c_long(persistent)) >= 0)
             code = 0 if all(ok) else 2
         finally:
             os._exit(code)
@@ -504,6 +509,12 @@ def run_job(job_dir, view_dir, lib_dir, settings, slot=0):
     (job_dir / "spec.json").write_text(json.dumps(spec))
     for p in [job_dir, *job_dir.rglob("*")]:
         os.chmod(p, 0o755 if p.is_dir() else 0o644)
+    if (job_dir / "frozen").is_dir():
+        # the read-only arguments (grader_capture): a folder that cannot be listed, files named by
+        # random tokens only the calls carry, read-only (the whole job is a read-only bind mount)
+        os.chmod(job_dir / "frozen", 0o711)
+        for p in (job_dir / "frozen").iterdir():
+            os.chmod(p, 0o444)
     if privileged and settings.sandbox:
         # the hidden calls' inputs: readable by the runner while it is still root, then handed to
         # the capture cells only after the student's cells have run (no cell can print them)

@@ -425,6 +425,21 @@ def decode(tree, blobs, trusted=True):
     return _Decoder(blobs, trusted).dec(tree)
 
 
+def map_arrays(value, fn):
+    """``value`` with every ndarray in it replaced by ``fn(array)``, depth first through tuples, lists
+    and dict values in their order (other values as they are). Both sides of the boundary walk a
+    call's read-only arguments this way: the k-th array is the grader's k-th file."""
+    if isinstance(value, np.ndarray):
+        return fn(value)
+    if type(value) is tuple:
+        return tuple(map_arrays(v, fn) for v in value)
+    if type(value) is list:
+        return [map_arrays(v, fn) for v in value]
+    if type(value) is dict:
+        return {k: map_arrays(v, fn) for k, v in value.items()}
+    return value
+
+
 # ---- bundles: a tree and its blobs in one JSON document ---------------------------------------
 def dumps(tree, blobs):
     return json.dumps({"tree": tree, "blobs": {k: base64.b64encode(v).decode("ascii") for k, v in blobs.items()}})

@@ -44,10 +44,12 @@ class LlamaLMConfig(NamedTuple):
     rope_theta: float = 10000.0
     eps: float = 1e-6
     init: str = "xavier"          # "xavier" (TinyLM's scheme) or "llama" (N(0, 0.02^2))
+    rope_scaling: object = None   # a long-context remedy, see preln.ops.rope.RopeScaling
 
     def block_config(self):
         return LlamaConfig(d_model=self.d_model, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads,
-                           d_ff=self.d_ff, rope_theta=self.rope_theta, eps=self.eps)
+                           d_ff=self.d_ff, rope_theta=self.rope_theta, eps=self.eps,
+                           rope_scaling=self.rope_scaling)
 
 
 class LlamaLM(LanguageModel):

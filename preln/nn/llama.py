@@ -35,7 +35,7 @@ Default initialisation is transformers' for a Llama model: every weight N(0, 0.0
 (``initializer_range``), the RMSNorm gains 1.
 """
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import numpy as np
 
@@ -46,7 +46,8 @@ from preln.ops.attention import AttentionCache, attention_backward, merge_heads,
 from preln.ops.fused import FUSED_DTYPES
 from preln.ops.linear import LinearCache, linear_backward, linear_forward
 from preln.ops.rms_norm import rms_norm_backward, rms_norm_forward
-from preln.ops.rope import ROPE_THETA, RopeCache, check_positions, rope_backward, rope_cos_sin, rope_forward
+from preln.ops.rope import (ROPE_THETA, RopeCache, RopeScaling, check_positions, check_rope_scaling,
+                            rope_backward, rope_cos_sin, rope_forward)
 from preln.ops.swiglu import SwiGLUCache, swiglu_backward, swiglu_forward
 from preln.precision import SAFE, Watch, elementwise_dtype
 
@@ -71,6 +72,8 @@ class LlamaConfig:
                 weights of a 4 D two-matrix MLP [intermediate_size].
     rope_theta: the base of RoPE's frequencies, theta^(-2i / d_h) [rope_parameters["rope_theta"]].
     eps:        RMSNorm's epsilon, added to the mean square inside the square root [rms_norm_eps].
+    rope_scaling: None, or a long-context remedy for RoPE, a :class:`preln.ops.rope.RopeScaling` or a
+                dict of its keys, e.g. {"rope_type": "linear", "factor": 4.0} [rope_parameters].
 
     The block is causal and has no biases (attention_bias = mlp_bias = False).
     """
@@ -81,6 +84,7 @@ class LlamaConfig:
     d_ff: int = 176
     rope_theta: float = ROPE_THETA
     eps: float = 1e-6
+    rope_scaling: Optional[RopeScaling] = None
 
     def __post_init__(self):
         for name in ("d_model", "n_heads", "n_kv_heads", "d_ff"):
@@ -98,6 +102,7 @@ class LlamaConfig:
         if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 1:
             raise ValueError(f"rope_theta: expected a base > 1 (10000 in Llama 2); got {theta!r}")
         positive_float(self.eps, "eps")
+        object.__setattr__(self, "rope_scaling", check_rope_scaling(self.rope_scaling, "rope_scaling"))
 
     @property
     def d_head(self):
@@ -317,7 +322,8 @@ class LlamaBlock(BlockBase):
                                  f"for x of shape {shape}; got {pos.shape}")
             positions = pos
         cfg = self.config
-        return rope_cos_sin(positions, cfg.d_head, cfg.rope_theta, elementwise_dtype(self.dtype))
+        return rope_cos_sin(positions, cfg.d_head, cfg.rope_theta, elementwise_dtype(self.dtype),
+                            cfg.rope_scaling)
 
     def _layers(self, x, kpm, cos_sin, watch, kv=None):  # (B, S, D) -> (B, S, D), LlamaBlockCache
         """The block's equations over the fused or the op-by-op parts; with ``kv`` the attention

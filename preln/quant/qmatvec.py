@@ -24,6 +24,23 @@ is ever made -- and accumulate in float32:
 The 4-bit kernel takes the high nibble as ``b & 0xF0`` scaled by 1/16 after the sum: a shift
 (``b >> 4``) makes numba widen the byte to 64 bits, which AVX2 cannot convert to float in one
 vector instruction, and the loop runs several times slower.
+
+The decode layout, :class:`TiledQuant` (what :mod:`preln.gguf.quant` multiplies by): the kernels
+above walk one row at a time, and with groups of 32 a row's group is 16 bytes -- too short for a
+vector loop, so the compiler falls back to scalar code and a horizontal sum per group. A
+``TiledQuant`` stores the rows in tiles of :data:`TILE_ROWS`: byte ``codes[t, k, r]`` belongs to row
+``t TILE_ROWS + r``, so the innermost loop runs over 64 rows at one input column, one vector lane per
+row (four AVX-512 registers), with no horizontal sum at all::
+
+    t_r    = sum_{k in group j} q_rk x_k       for the 64 rows r of the tile at once
+    y_r   += S_rj (t_r - Z_rj sum_{k in j} x_k)
+
+The loops over the tile have a compile-time trip count, so they unroll to straight vector code.
+A byte's two 4-bit codes are its columns 2k (low nibble) and 2k + 1 (high); they are split in
+float arithmetic, exactly (for v in [0, 255]: hi = floor(v / 16), lo = v - 16 hi), which keeps the
+lanes 32-bit: a byte is widened and converted to float once, 16 to a vector. The zero points are
+integers in [0, 255] (:func:`preln.quant.groups.group_grid`) and take one byte each; the scales
+stay float32, so the product is the dequantised weight's to float32 round-off.
 """
 from __future__ import annotations
 
@@ -36,7 +53,8 @@ from numba import njit
 
 from preln.blas import blas_threads
 
-__all__ = ["matvec_f32", "matvec_int8", "matvec_uint8", "matvec_int4", "MatvecTiming", "time_matvecs"]
+__all__ = ["matvec_f32", "matvec_int8", "matvec_uint8", "matvec_int4", "TILE_ROWS", "TiledQuant", "MatvecTiming",
+           "time_matvecs"]
 
 _JIT = dict(nogil=True, cache=True, error_model="numpy", fastmath={"reassoc", "contract", "nsz"})
 
@@ -174,6 +192,248 @@ def matvec_int4(packed, scale, zero, x):  # (M, K/2) uint8, (M, G), (M, G) -> (M
     M, half = packed.shape
     scale, zero = _group_params(scale, zero, M, half, "bytes")
     return _int4(packed, scale, zero, _vector(x, 2 * half), np.empty(M, np.float32))
+
+
+#: rows per tile of :class:`TiledQuant`: the innermost loop's trip count, a compile-time constant so
+#: that it unrolls into whole vectors (64 float32 = 4 AVX-512 or 8 AVX2 registers)
+TILE_ROWS = 64
+
+
+@njit(**_JIT)
+def _group_sums_rows(x, G):  # (n, K) -> (n, G) float32: the sum of each row of x over each group
+    n, K = x.shape
+    g = K // G
+    out = np.empty((n, G), np.float32)
+    for i in range(n):
+        for j in range(G):
+            t = np.float32(0)
+            for k in range(j * g, (j + 1) * g):
+                t += x[i, k]
+            out[i, j] = t
+    return out
+
+
+@njit(inline="always", **_JIT)    # inlined in numba's IR: a call would keep acc and t out of registers
+def _close_group(acc, t, s, z, xs, j):  # acc (n, TILE) += S_j (t - Z_j sum_{k in j} x), per row of the tile
+    for i in range(acc.shape[0]):
+        xj = xs[i, j]
+        for r in range(TILE_ROWS):
+            acc[i, r] += s[j, r] * (t[i, r] - np.float32(z[j, r]) * xj)
+
+
+@njit(inline="always", **_JIT)
+def _store_tile(y, acc, tile):  # y[:, the tile's rows] = acc
+    for i in range(acc.shape[0]):
+        for r in range(TILE_ROWS):
+            y[i, tile * TILE_ROWS + r] = acc[i, r]
+
+
+@njit(**_JIT)
+def _tiled_int4(codes, scale, zero, x, y):  # (T, K/2, TILE) u8, (T, G, TILE) f32, (T, G, TILE) u8, (n, K) -> y (n, T TILE)
+    T, half = codes.shape[0], codes.shape[1]
+    n, G = x.shape[0], scale.shape[1]
+    h = half // G                                   # bytes per group: g / 2
+    xs = _group_sums_rows(x, G)
+    t = np.empty((n, TILE_ROWS), np.float32)       # sum_k q x of the current group, per row
+    acc = np.empty((n, TILE_ROWS), np.float32)
+    c16 = np.float32(16)
+    inv16 = np.float32(0.0625)
+    for tile in range(T):
+        c, s, z = codes[tile], scale[tile], zero[tile]
+        acc[:] = 0
+        for j in range(G):
+            t[:] = 0
+            k0 = j * h
+            for kb in range(k0, k0 + h - 1, 2):     # two bytes (four columns) per pass over t
+                for i in range(n):
+                    a0, b0, a1, b1 = x[i, 2 * kb], x[i, 2 * kb + 1], x[i, 2 * kb + 2], x[i, 2 * kb + 3]
+                    for r in range(TILE_ROWS):
+                        f0 = np.float32(c[kb, r])
+                        f1 = np.float32(c[kb + 1, r])
+                        h0 = np.floor(f0 * inv16)   # the high nibble, exactly
+                        h1 = np.floor(f1 * inv16)
+                        t[i, r] += (f0 - c16 * h0) * a0 + h0 * b0 + (f1 - c16 * h1) * a1 + h1 * b1
+            if h % 2:                               # an odd number of bytes: the last one alone
+                kb = k0 + h - 1
+                for i in range(n):
+                    a0, b0 = x[i, 2 * kb], x[i, 2 * kb + 1]
+                    for r in range(TILE_ROWS):
+                        f0 = np.float32(c[kb, r])
+                        h0 = np.floor(f0 * inv16)
+                        t[i, r] += (f0 - c16 * h0) * a0 + h0 * b0
+            _close_group(acc, t, s, z, xs, j)
+        _store_tile(y, acc, tile)
+    return y
+
+
+@njit(**_JIT)
+def _tiled_uint8(codes, scale, zero, x, y):  # (T, K, TILE) u8, (T, G, TILE) f32, (T, G, TILE) u8, (n, K) -> y (n, T TILE)
+    T, K = codes.shape[0], codes.shape[1]
+    n, G = x.shape[0], scale.shape[1]
+    g = K // G
+    xs = _group_sums_rows(x, G)
+    t = np.empty((n, TILE_ROWS), np.float32)
+    acc = np.empty((n, TILE_ROWS), np.float32)
+    for tile in range(T):
+        c, s, z = codes[tile], scale[tile], zero[tile]
+        acc[:] = 0
+        for j in range(G):
+            t[:] = 0
+            k0 = j * g
+            for k in range(k0, k0 + g - 1, 2):
+                for i in range(n):
+                    a0, a1 = x[i, k], x[i, k + 1]
+                    for r in range(TILE_ROWS):
+                        t[i, r] += np.float32(c[k, r]) * a0 + np.float32(c[k + 1, r]) * a1
+            if g % 2:
+                k = k0 + g - 1
+                for i in range(n):
+                    a0 = x[i, k]
+                    for r in range(TILE_ROWS):
+                        t[i, r] += np.float32(c[k, r]) * a0
+            _close_group(acc, t, s, z, xs, j)
+        _store_tile(y, acc, tile)
+    return y
+
+
+@njit(**_JIT)
+def _code(codes, tile, k, r, packed):  # -> the code of column k of row r of the tile, as float32
+    if not packed:
+        return np.float32(codes[tile, k, r])
+    v = np.float32(codes[tile, k // 2, r])
+    hi = np.floor(v * np.float32(0.0625))
+    return hi if k % 2 else v - np.float32(16) * hi
+
+
+@njit(**_JIT)
+def _tiled_rows(codes, scale, zero, packed, rows, out):  # -> out (len(rows), K) float32: rows of W^
+    G, K = scale.shape[1], out.shape[1]
+    g = K // G
+    for n in range(rows.shape[0]):
+        tile, r = rows[n] // TILE_ROWS, rows[n] % TILE_ROWS
+        for j in range(G):
+            s, z = scale[tile, j, r], np.float32(zero[tile, j, r])
+            for k in range(j * g, (j + 1) * g):
+                out[n, k] = s * (_code(codes, tile, k, r, packed) - z)
+    return out
+
+
+@njit(**_JIT)
+def _tiled_transposed(codes, scale, zero, packed, out):  # -> out (K, T TILE) float32: W^^T, padded
+    T, G, K = codes.shape[0], scale.shape[1], out.shape[0]
+    g = K // G
+    for tile in range(T):
+        s, z = scale[tile], zero[tile]
+        for k in range(K):
+            j = k // g
+            dst = out[k, tile * TILE_ROWS:(tile + 1) * TILE_ROWS]
+            if packed:
+                c = codes[tile, k // 2]
+                for r in range(TILE_ROWS):
+                    v = np.float32(c[r])
+                    hi = np.floor(v * np.float32(0.0625))
+                    q = hi if k % 2 else v - np.float32(16) * hi
+                    dst[r] = s[j, r] * (q - np.float32(z[j, r]))
+            else:
+                c = codes[tile, k]
+                for r in range(TILE_ROWS):
+                    dst[r] = s[j, r] * (np.float32(c[r]) - np.float32(z[j, r]))
+    return out
+
+
+def _tiles(a, dtype):  # (M, n) -> (T, n, TILE_ROWS), the rows padded with zeros to whole tiles
+    M, n = a.shape
+    T = -(-M // TILE_ROWS)
+    out = np.zeros((T * TILE_ROWS, n), dtype)
+    out[:M] = a
+    return np.ascontiguousarray(out.reshape(T, TILE_ROWS, n).transpose(0, 2, 1))
+
+
+def _untile(a, M):  # (T, n, TILE_ROWS) -> (M, n)
+    T, n, _ = a.shape
+    return a.transpose(0, 2, 1).reshape(T * TILE_ROWS, n)[:M]
+
+
+class TiledQuant:
+    """W^ = S (q - Z) (M, K) in groups of ``group_size`` columns, stored in row tiles for the decode
+    kernels (see the module docstring): codes two per byte (``bits`` <= 4) or one (5..8 bits),
+    float32 scales, uint8 zero points.
+
+        tq = TiledQuant(q, scale, zero, bits, group_size)   # q (M, K) ints in [0, 2^bits - 1]
+        y = tq.matmul(x)                                    # (n, K) -> (n, M) float32
+        w = tq.dequantize(rows)                             # (len(rows) | M, K) float32
+    """
+
+    def __init__(self, q, scale, zero, bits, group_size):
+        q = np.asarray(q)
+        if q.ndim != 2 or q.dtype.kind not in "iu":
+            raise TypeError(f"q: expected a 2-D integer array of codes (M, K); got dtype {q.dtype}, shape {q.shape}")
+        M, K = q.shape
+        self.packed = int(bits) <= 4
+        top = 15 if self.packed else 255
+        if q.size and (q.min() < 0 or q.max() > top):
+            raise ValueError(f"q: expected unsigned {bits}-bit codes in [0, {top}]; got [{q.min()}, {q.max()}]")
+        scale, zero = _group_params(scale, zero, M, K, "columns")
+        G = scale.shape[1]
+        if self.packed and (K // G) % 2:
+            raise ValueError(f"group_size: expected an even group size to pack two codes per byte; got {K // G}")
+        if zero.size and (zero.min() < 0 or zero.max() > 255 or (zero != np.rint(zero)).any()):
+            raise ValueError("zero: expected integer zero points in [0, 255] (one byte each)")
+        self.shape, self.bits, self.group_size = (M, K), int(bits), K // G
+        q = q.astype(np.uint8)
+        if self.packed:                             # columns 2k and 2k + 1 -> the low and high nibble
+            q = q[:, 0::2] | (q[:, 1::2] << 4)
+        self.codes = _tiles(q, np.uint8)            # (T, K/2 | K, TILE_ROWS)
+        self.scale_tiles = _tiles(scale, np.float32)    # (T, G, TILE_ROWS)
+        self.zero_tiles = _tiles(zero, np.uint8)        # (T, G, TILE_ROWS)
+
+    @property
+    def nbytes(self):
+        """Bytes of W^'s storage: codes, float32 scales, one-byte zero points, for the M rows (the
+        zero rows that pad the last tile are the layout's, not the weight's: none when 64 | M)."""
+        M, K = self.shape
+        n_groups = M * (K // self.group_size)
+        return int(M * self.codes.shape[1] + 5 * n_groups)
+
+    @property
+    def scale(self):  # (M, G) float32
+        return _untile(self.scale_tiles, self.shape[0])
+
+    @property
+    def zero(self):  # (M, G) float32
+        return _untile(self.zero_tiles, self.shape[0]).astype(np.float32)
+
+    def matmul(self, x):  # (n, K) -> (n, M) float32
+        """y = x W^^T, the codes dequantised as they are read; one pass over W for all n rows."""
+        x = np.ascontiguousarray(x, np.float32)
+        M, K = self.shape
+        if x.ndim != 2 or x.shape[1] != K:
+            raise ValueError(f"x: expected (n, K = {K}) rows; got shape {x.shape}")
+        y = np.empty((x.shape[0], self.codes.shape[0] * TILE_ROWS), np.float32)
+        kernel = _tiled_int4 if self.packed else _tiled_uint8
+        kernel(self.codes, self.scale_tiles, self.zero_tiles, x, y)
+        return y if y.shape[1] == M else y[:, :M]
+
+    def dequantize(self, rows=None):  # -> (len(rows) | M, K) float32 W^
+        """The dequantised rows ``rows`` (ints in [-M, M)), or all of W^ (a transposed view of
+        :meth:`dequantize_t`)."""
+        M, K = self.shape
+        if rows is None:
+            return self.dequantize_t().T
+        rows = np.asarray(rows).reshape(-1)
+        if rows.dtype.kind not in "iu" or (rows.size and (rows.min() < -M or rows.max() >= M)):
+            raise IndexError(f"rows: expected integer row indices in [-{M}, {M}); got {rows.dtype} "
+                             f"in [{rows.min() if rows.size else ''}, {rows.max() if rows.size else ''}]")
+        rows = rows.astype(np.int64) % max(M, 1)
+        out = np.empty((rows.size, K), np.float32)
+        return _tiled_rows(self.codes, self.scale_tiles, self.zero_tiles, self.packed, rows, out)
+
+    def dequantize_t(self):  # -> (K, M) float32 W^^T, C-contiguous: what x @ W^^T multiplies
+        """W^ transposed, dequantised tile by tile (for inputs of many rows: BLAS on float32)."""
+        M, K = self.shape
+        out = np.empty((K, self.codes.shape[0] * TILE_ROWS), np.float32)
+        _tiled_transposed(self.codes, self.scale_tiles, self.zero_tiles, self.packed, out)
+        return out if out.shape[1] == M else out[:, :M]
 
 
 class MatvecTiming(NamedTuple):

@@ -172,6 +172,8 @@ def check_explorables(page, name, *, interact: bool = True) -> int:
             if not interact:
                 continue
             before_src = img.get_attribute("src")
+            # the region keeps the previous control's announcement until this one's (350 ms later)
+            before_said = status.inner_text()
             if ctl.get_attribute("role") == "slider":
                 n_values = int(page.evaluate(f"() => JSON.parse(document.querySelector('#{fid} script.preln-explorable-data')"
                                              f".textContent).labels[{c}].length"))
@@ -200,8 +202,8 @@ def check_explorables(page, name, *, interact: bool = True) -> int:
             assert after_alt and after_alt.strip(), f"{name}: a frame without alt text after moving {label!r}"
             assert img.evaluate("el => el.decode().then(() => el.naturalWidth > 0)"), \
                 f"{name}: the new frame did not load after moving {label!r}"
-            page.wait_for_function("el => el.textContent.trim().length > 0", arg=status.element_handle(),
-                                   timeout=ANNOUNCE_MS)
+            page.wait_for_function("([el, was]) => el.textContent.trim().length > 0 && el.textContent !== was",
+                                   arg=[status.element_handle(), before_said], timeout=ANNOUNCE_MS)
             said = status.inner_text()
             assert label in said, f"{name}: the live region said {said!r}, not what {label!r} is now"
     return n

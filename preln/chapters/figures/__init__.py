@@ -12,7 +12,7 @@ every callback.
 import importlib
 
 CHAPTERS = ("derivation", "derivation_block", "modern_block", "shape_flow", "precision", "int8", "inference",
-            "preln_vs_postln")
+            "preln_vs_postln", "many_devices")
 
 
 def all_explorables():

@@ -31,7 +31,7 @@ from matplotlib.patches import Rectangle
 
 from preln.ops import (activation_forward, attention_forward, layer_norm_forward, linear_forward,
                    merge_heads, softmax, split_heads)
-from preln.chapters.viz import PALETTE, control
+from preln.chapters.viz import PALETTE, control, table_caption
 
 __all__ = [
     "FORWARD_STEPS", "MASKS", "Table", "forward_steps", "intermediate_loss", "param_loss",
@@ -153,7 +153,7 @@ def plot_step_sweep(steps, errors, chosen=1e-6) -> Figure:
     ax.set_xlabel("finite-difference step h (dimensionless)")
     ax.set_ylabel("relative error (dimensionless)")
     ax.set_title("Gradient check: error vs step")
-    ax.legend(loc="upper center", fontsize=8)
+    ax.legend(loc="upper center")
     return fig
 
 
@@ -208,7 +208,7 @@ def plot_qk_variance(d_hs, n_keys=16) -> Figure:
     ax1.set_xlabel(r"head width $d_h$ (dimensionless)")
     ax1.set_ylabel("variance of the logit (dimensionless)")
     ax1.set_title("Logit variance")
-    ax1.legend(fontsize=9)
+    ax1.legend()
     ax2.semilogx(d_hs, [s["unscaled"]["entropy"] for s in sat], "o-", color=VERMILLION, label="unscaled")
     ax2.semilogx(d_hs, [s["scaled"]["entropy"] for s in sat], "s-", color=BLUE, label=r"scaled by $1/\sqrt{d_h}$")
     ax2.axhline(np.log(n_keys), color=BLACK, lw=1, ls="--", label=f"uniform, ln {n_keys}")
@@ -217,7 +217,7 @@ def plot_qk_variance(d_hs, n_keys=16) -> Figure:
     ax2.set_xlabel(r"head width $d_h$ (dimensionless)")
     ax2.set_ylabel("mean row entropy (nats)")
     ax2.set_title(f"Softmax over {n_keys} keys")
-    ax2.legend(fontsize=9)
+    ax2.legend()
     return fig
 
 
@@ -232,16 +232,17 @@ def plot_qk_scaling(d_h) -> Figure:
     fig = Figure(figsize=(8.5, 3.4))
     ax1, ax2 = fig.subplots(1, 2)
     bins = np.linspace(-40, 40, 81)
-    for vals, color, label in ((st["logits"], VERMILLION, f"$q\\cdot k$, var {st['var']:.1f}"),
-                               (st["scaled"], BLUE, f"$q\\cdot k/\\sqrt{{d_h}}$, var {st['var_scaled']:.2f}")):
+    for vals, color, ls, label in ((st["logits"], VERMILLION, "-", f"$q\\cdot k$, var {st['var']:.1f}"),
+                                   (st["scaled"], BLUE, "--", f"$q\\cdot k/\\sqrt{{d_h}}$, var {st['var_scaled']:.2f}")):
         counts, _ = np.histogram(np.clip(vals, -40, 40), bins=bins)
         centers = 0.5 * (bins[1:] + bins[:-1])
-        ax1.fill_between(centers, counts, step="mid", color=color, alpha=0.5, lw=0, label=label)
-        ax1.plot(centers, counts, drawstyle="steps-mid", color=color, lw=1)
+        ax1.fill_between(centers, counts, step="mid", color=color, alpha=0.5, lw=0)
+        # the legend shows the outline, at full colour (3:1 on white) and with its own line style
+        ax1.plot(centers, counts, drawstyle="steps-mid", color=color, lw=1.2, ls=ls, label=label)
     ax1.set_xlabel("logit (dimensionless)")
     ax1.set_ylabel(f"count (of {FRAME_SAMPLES} pairs)")
     ax1.set_title(f"Logits, $d_h$ = {d_h}")
-    ax1.legend(fontsize=8, loc="upper left")
+    ax1.legend(loc="upper left")
     n = sat["scaled"]["p"].shape[1]
     j = np.arange(n)
     row = 0
@@ -259,7 +260,7 @@ def plot_qk_scaling(d_h) -> Figure:
     ax2.set_xlabel("key rank (1 = most probable)")
     ax2.set_ylabel("attention probability (dimensionless)")
     ax2.set_title(f"One query over {n} keys")
-    ax2.legend(fontsize=8, loc="upper right")
+    ax2.legend(loc="upper right")
     return fig
 
 
@@ -372,7 +373,7 @@ def plot_gelu(lo=-5.0, hi=5.0) -> Figure:
     ax1.set_xlabel("input x (dimensionless)")
     ax1.set_ylabel("activation (dimensionless)")
     ax1.set_title("GELU, exact and tanh")
-    ax1.legend(fontsize=9)
+    ax1.legend()
     ax2.plot(d["x"], d["diff"], color=VERMILLION)
     for s in (-1, 1):
         ax2.axvline(s * d["x_at_max"], color=BLACK, lw=1, alpha=0.5)
@@ -441,7 +442,7 @@ def plot_layernorm_graph() -> Figure:
     ax.text(0.3, 0.35, r"$dx$: sum over every path back from $y$", ha="center", fontsize=9, color=VERMILLION)
     ax.plot([], [], color=BLUE, lw=1.6, label="forward")
     ax.plot([], [], color=VERMILLION, lw=1.0, ls="--", label="backward (times the edge label)")
-    ax.legend(loc="upper left", fontsize=9)
+    ax.legend(loc="upper left")
     ax.set_xlim(-0.7, 11.6)
     ax.set_ylim(0.1, 2.7)
     ax.set_xticks([])
@@ -563,7 +564,7 @@ def plot_online_softmax(step) -> Figure:
     ax2.set_ylabel("max logit m, sum l (dimensionless)")
     ax2.set_title(f"Kept per row: m, l and {TILE_DH} output numbers;\nkeys {cur['cols'].start}-"
                   f"{cur['cols'].stop - 1} of rows {rows[0]}-{rows[-1]} just read", fontsize=10)
-    ax2.legend(fontsize=8, loc="upper left")
+    ax2.legend(loc="upper left")
     lo = min(np.min(cur["m"]), np.min(m_final), 0.0)
     ax2.set_ylim(lo - 0.5, max(np.max(l_final), np.max(m_final)) * 1.6 + 0.5)
     return fig
@@ -621,7 +622,7 @@ def plot_eps_placement(d, eps_inside=1e-5, eps_outside=1e-6) -> Figure:
     ax.set_xlabel("std of the input row (dimensionless)")
     ax.set_ylabel("std of the output row (dimensionless)")
     ax.set_title(f"Where eps goes, D = {d}")
-    ax.legend(fontsize=8, loc="center right")
+    ax.legend(loc="center right")
     return fig
 
 
@@ -656,14 +657,14 @@ class Table:
 
     def _repr_html_(self):
         e = html.escape
-        out = ['<table class="preln-table">']
-        if self.caption:
-            out.append(f"<caption>{e(self.caption)}</caption>")
-        out.append("<thead><tr>" + "".join(f"<th>{e(c)}</th>" for c in self.columns) + "</tr></thead><tbody>")
+        # named by its caption (a screen reader's table list), and each row by its first cell
+        out = ['<table class="preln-table">', f"<caption>{e(table_caption(self.caption, self.columns))}</caption>"]
+        out.append("<thead><tr>" + "".join(f'<th scope="col">{e(c)}</th>' for c in self.columns) + "</tr></thead><tbody>")
         for r in self.rows:
             # nowrap: "8.7e-10" must not break at its hyphen in a narrow column
-            out.append("<tr>" + "".join(f'<td style="white-space:nowrap">{e(self._cell(v))}</td>'
-                                        for v in r) + "</tr>")
+            cells = [e(self._cell(v)) for v in r]
+            out.append(f'<tr><th scope="row" style="white-space:nowrap;text-align:left">{cells[0]}</th>'
+                       + "".join(f'<td style="white-space:nowrap">{c}</td>' for c in cells[1:]) + "</tr>")
         out.append("</tbody></table>")
         return "".join(out)
 

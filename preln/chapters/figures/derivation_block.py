@@ -255,7 +255,7 @@ def plot_final_norm_scaling(data) -> Figure:
     ax.set_xlabel("rms(x_L), the scale of the residual stream (dimensionless)")
     ax.set_ylabel("gradient norm / gain (dimensionless)")
     ax.set_title("Every gradient passes the final LayerNorm", fontsize=11)
-    ax.legend(fontsize=8)
+    ax.legend()
     return fig
 
 
@@ -293,7 +293,7 @@ def plot_dropout_moments(ps, moments) -> Figure:
     ax.set_xlabel("drop probability p")
     ax.set_ylabel("ratio to the input (dimensionless)")
     ax.set_title("Inverted dropout: the mean is kept, the energy is not", fontsize=11)
-    ax.legend(fontsize=8)
+    ax.legend()
     return fig
 
 
@@ -380,7 +380,7 @@ def plot_batchnorm(trace, gap, batch_sizes, pad) -> Figure:
     ax1.set_xlabel("training step (batch)")
     ax1.set_ylabel("channel 0 statistic (input units)")
     ax1.set_title("Running statistics (momentum 0.1)", fontsize=10)
-    ax1.legend(fontsize=8)
+    ax1.legend()
     ax2.loglog(batch_sizes, gap["bn"], "o-", color=VERMILLION, label="BatchNorm")
     ax2.plot(batch_sizes, gap["bn"][0] * np.sqrt(batch_sizes[0] / np.asarray(batch_sizes)), ":",
              color=BLACK, lw=1, label="∝ 1/√n")
@@ -391,13 +391,13 @@ def plot_batchnorm(trace, gap, batch_sizes, pad) -> Figure:
     ax2.set_xlabel("batch size (tokens per channel)")
     ax2.set_ylabel("mean |y_train − y_eval| (dimensionless)")
     ax2.set_title("Train/eval gap (LayerNorm: 0)", fontsize=10)
-    ax2.legend(fontsize=8)
+    ax2.legend()
     ax3.plot(pad["pad_fraction"], pad["bn"], "o-", color=VERMILLION, label="BatchNorm")
     ax3.plot(pad["pad_fraction"], pad["ln"], "s-", color=BLUE, label="LayerNorm (exactly 0)")
     ax3.set_xlabel("fraction of the batch that is padding")
     ax3.set_ylabel("max change of a real token's output")
     ax3.set_title("Zero padding in the statistics", fontsize=10)
-    ax3.legend(fontsize=8)
+    ax3.legend()
     return fig
 
 
@@ -443,7 +443,7 @@ def plot_bn_token(batch_size=8, pad_fraction=0.0) -> Figure:
         ax.axhline(0, color=BLACK, lw=0.8)
         ax.set_xlabel("channel (feature)")
         ax.set_ylabel("normalised output (dimensionless)")
-        ax.legend(fontsize=8, loc="upper left")
+        ax.legend(loc="upper left")
     ax1.set_ylim(-4.0, 4.0)   # covers every frame of EXPLORABLES (largest |value| about 3.7)
     fig.suptitle(f"One token in a batch of {batch_size} real tokens + {out['n_pad']} padding tokens",
                  fontsize=11)

@@ -13,6 +13,7 @@ import numpy as np
 from preln.nn.config import BlockConfig
 from preln.chapters.inference import PUBLISHED, decode_cost, kv_cache_bytes, step_ops
 from preln.chapters.viz import PALETTE, control
+from preln.nb import set_alt, short_alt
 
 __all__ = ["EXPLORABLES", "plot_roofline", "plot_published", "plot_fusion_bytes",
            "plot_predicted_vs_measured", "plot_attention_io", "plot_attention_terms",
@@ -28,6 +29,11 @@ DECODE_CONTROLS = {"batch": control("batch size (sequences)", [1, 8, 64, 256]),
                    "context": control("context length (tokens)", [512, 4096, 32768]),
                    "gpu": control("GPU model", ["A100 SXM 80GB", "H100 SXM", "H200 SXM"])}
 _I_LIM = (0.05, 3000.0)
+#: a stacked segment at least this share of the longest bar is labelled with its array's name
+DIRECT_LABEL_MIN = 0.09
+#: smaller segments of at least this share are named after their bar instead (smaller ones are
+#: under a pixel wide)
+DIRECT_NOTE_MIN = 0.01
 
 
 def _figure(figsize, *grid, **kwargs):
@@ -40,7 +46,7 @@ def _figure(figsize, *grid, **kwargs):
 
 def _roof(ax, roof, colour, label, lim=_I_LIM, ls="-"):
     i = np.logspace(np.log10(lim[0]), np.log10(lim[1]), 200)
-    ax.loglog(i, roof.attainable(i), ls, color=colour, lw=1.8, label=label)
+    ax.loglog(i, roof.attainable(i), ls=ls, color=colour, lw=1.8, label=label)
     ax.axvline(roof.ridge, color=colour, lw=0.8, ls=":")
 
 
@@ -82,16 +88,25 @@ def plot_roofline(roof, unfused, fused=None, times=None):
     ax.set_xlabel("arithmetic intensity (FLOPs per byte of main-memory traffic)")
     ax.set_ylabel("FLOP/s")
     ax.set_title(f"this machine, one BLAS thread; ridge at {roof.ridge:.1f} FLOP/B", fontsize=10)
-    ax.legend(fontsize=7.5, loc="lower right")
+    ax.legend(loc="lower right")
     ax.minorticks_off()
-    return fig
+    real = [o for o in unfused if o.flops > 0]
+    below = sum(o.intensity < roof.ridge for o in real)
+    alt = (f"Roofline of this machine, {roof.peak_flops / 1e9:.0f} GFLOP/s and {roof.bandwidth / 1e9:.1f} GB/s "
+           f"(ridge {roof.ridge:.1f} FLOP/B): {below} of the block's {len(real)} ops lie left of the ridge.")
+    description = "Arithmetic intensity of each op: " + "; ".join(
+        f"{o.name} {o.intensity:.3g} FLOP/B" + (f", measured at {o.flops / times[o.name] / roof.attainable(o.intensity):.0%}"
+                                                 f" of its bound" if times and o.name in times else "")
+        for o in real) + "."
+    return set_alt(fig, short_alt(alt), description)
 
 
 def plot_published(gpus, ops16, machine=None):
     """Published GPU rooflines (dense BF16, datasheet bandwidth), with the block's ops in 16-bit."""
     fig, ax = _figure((7.2, 4.2))
-    for colour, (name, roof) in zip(PALETTE[:4], gpus.items()):
-        _roof(ax, roof, colour, f"{name}: ridge {roof.ridge:.0f} FLOP/B")
+    # a line style each: vermillion and orange are one colour under deuteranopia
+    for colour, ls, (name, roof) in zip(PALETTE[:4], ["-", "--", "-.", (0, (1, 1.2))], gpus.items()):
+        _roof(ax, roof, colour, f"{name}: ridge {roof.ridge:.0f} FLOP/B", ls=ls)
     if machine is not None:
         _roof(ax, machine, PALETTE[6], f"this machine: ridge {machine.ridge:.1f} FLOP/B", ls="--")
     top = max(r.peak_flops for r in gpus.values())
@@ -105,9 +120,15 @@ def plot_published(gpus, ops16, machine=None):
     ax.set_xlabel("arithmetic intensity (FLOPs per byte)")
     ax.set_ylabel("FLOP/s")
     ax.set_title("published peaks (labelled as published); triangles: the block's ops", fontsize=10)
-    ax.legend(fontsize=7.5, loc="lower right")
+    ax.legend(loc="lower right")
     ax.minorticks_off()
-    return fig
+    ridges = [r.ridge for r in gpus.values()]
+    xs = [o.intensity for o in ops16 if o.flops > 0]
+    alt = (f"Published rooflines of {len(gpus)} GPUs, ridges {min(ridges):.0f} to {max(ridges):.0f} FLOP/B; "
+           + (f"the block's 16-bit ops at {min(xs):.2g} to {max(xs):.3g} FLOP/B." if xs else "no ops marked."))
+    description = " ".join(f"{name}: {r.peak_flops / 1e12:.0f} TFLOP/s, {r.bandwidth / 1e12:.2f} TB/s, "
+                           f"ridge {r.ridge:.0f} FLOP/B." for name, r in gpus.items())
+    return set_alt(fig, short_alt(alt), description)
 
 
 def plot_fusion_bytes(chains):
@@ -129,8 +150,12 @@ def plot_fusion_bytes(chains):
     ax.set_xlim(0, ub.max() * 1.15)
     ax.set_xlabel("main-memory traffic (MiB)")
     ax.grid(axis="y", visible=False)
-    ax.legend(fontsize=8, loc="lower right")
-    return fig
+    ax.legend(loc="lower right")
+    cut = ub / fb
+    alt = (f"Main-memory traffic of {len(chains)} memory-bound chains, unfused against fused: fusing cuts it "
+           f"{cut.min():.1f} to {cut.max():.1f} times.")
+    description = " ".join(f"{lab}: {a:.3g} MiB unfused, {b:.3g} MiB fused." for lab, a, b in zip(labels, ub, fb))
+    return set_alt(fig, short_alt(alt), description)
 
 
 def plot_predicted_vs_measured(ops, times, roof):
@@ -147,8 +172,12 @@ def plot_predicted_vs_measured(ops, times, roof):
                   ha="right", fontsize=8)
     ax.set_ylabel("ms")
     ax.grid(axis="x", visible=False)
-    ax.legend(fontsize=8)
-    return fig
+    ax.legend()
+    ratio = meas / pred
+    alt = (f"Roofline bound and measured time of {len(names)} ops (log scale): measured {ratio.min():.1f} to "
+           f"{ratio.max():.0f} times the bound.")
+    description = " ".join(f"{n}: bound {p:.3g} ms, measured {m:.3g} ms." for n, p, m in zip(names, pred, meas))
+    return set_alt(fig, short_alt(alt), description)
 
 
 def plot_attention_io(panels):
@@ -167,9 +196,16 @@ def plot_attention_io(panels):
         ax.set_xticks(list(xs), [str(int(v)) for v in xs], fontsize=8)
         ax.set_xlabel(xlabel)
         ax.set_title(title, fontsize=9)
-        ax.legend(fontsize=7.5)
+        ax.legend()
     axes[0].set_ylabel("slow-memory accesses (elements)")
-    return fig
+    def k(fit):                       # as the legend prints it: no "-0.00"
+        return f"{round(fit.exponent, 2) + 0.0:.2f}"
+
+    slopes = "; ".join(f"{p[0].split(' (')[0].split()[-1]} {k(p[4])} and {k(p[5])}" for p in panels)
+    alt = f"Slow-memory accesses of standard and tiled attention, log-log; slopes (standard, tiled) against {slopes}."
+    description = " ".join(f"Against {p[0]} ({p[6]}): standard slope {k(p[4])}, tiled slope {k(p[5])}."
+                           for p in panels)
+    return set_alt(fig, short_alt(alt), description)
 
 
 def plot_decode_times(contexts, with_cache, without_cache, fit_with, fit_without):
@@ -186,8 +222,12 @@ def plot_decode_times(contexts, with_cache, without_cache, fit_with, fit_without
     ax.set_xticks(list(contexts), [str(int(c)) for c in contexts])
     ax.set_xlabel("context length (tokens before the new one)")
     ax.set_ylabel("ms per generated token")
-    ax.legend(fontsize=8)
-    return fig
+    ax.legend()
+    alt = (f"Time per generated token against context length, log-log: slope {fit_with.exponent:.2f} with the "
+           f"KV cache, {fit_without.exponent:.2f} without.")
+    description = " ".join(f"Context {int(c)}: {w * ms:.3g} ms with the cache, {wo * ms:.3g} ms without."
+                           for c, w, wo in zip(contexts, with_cache, without_cache))
+    return set_alt(fig, short_alt(alt), description)
 
 
 def plot_decode_batch(batches, measured, predicted, ridge_batch):
@@ -206,7 +246,12 @@ def plot_decode_batch(batches, measured, predicted, ridge_batch):
     ax.set_xticks(list(batches), [str(b) for b in batches])
     ax.set_xlabel("batch size (sequences decoded together)")
     ax.set_ylabel("generated tokens per second")
-    ax.legend(fontsize=8)
+    ax.legend()
+    alt = (f"Decoding throughput against batch size, log-log: measured {min(measured):,.0f} to "
+           f"{max(measured):,.0f} tokens/s, under the roofline bound; ridge at batch {ridge_batch:.0f}.")
+    description = " ".join(f"Batch {b}: measured {m:,.0f}, bound {p:,.0f} tokens/s."
+                           for b, m, p in zip(batches, measured, predicted))
+    set_alt(fig, short_alt(alt), description)
     return fig
 
 
@@ -214,33 +259,58 @@ def plot_attention_terms(terms):
     """Slow-memory accesses of one head, term by term, for several algorithms (stacked bars).
 
     terms: {algorithm label: {(array, "read" | "write"): elements}} (attention_access_terms).
+    Nine arrays are more than colour can tell apart (two Okabe-Ito hues merge under deuteranopia),
+    so every segment is named in words: on the bar where it is wide enough, else after the bar.
     """
-    fig, ax = _figure((7.2, 2.9))
+    from matplotlib.patches import Patch
+
+    fig, ax = _figure((7.2, 3.6))
     arrays = ["Q", "K", "V", "Z", "P", "O", "l", "m", "L"]
-    colours = dict(zip(arrays, [PALETTE[0], PALETTE[2], PALETTE[4], PALETTE[1], PALETTE[3],
-                                PALETTE[5], PALETTE[7], PALETTE[6], PALETTE[6]]))
+    colours = dict(zip(arrays, [PALETTE[0], PALETTE[2], PALETTE[6], PALETTE[1], PALETTE[3],
+                                PALETTE[5], PALETTE[4], PALETTE[7], PALETTE[4]]))
+    total = max(sum(t.values()) for t in terms.values()) / 1e6
     y = np.arange(len(terms))[::-1]
-    seen = set()
+    shown = []            # arrays with a segment wide enough to see: the legend's entries
     for yy, (label, t) in zip(y, terms.items()):
-        left = 0.0
+        left, small = 0.0, []
         for a in arrays:
             for kind, hatch in (("read", ""), ("write", "//")):
                 n = t.get((a, kind), 0) / 1e6
-                if n:
-                    lab = f"{a}" if a not in seen else None
-                    seen.add(a)
-                    ax.barh(yy, n, left=left, height=0.6, color=colours[a], hatch=hatch,
-                            edgecolor="white", lw=0.5, label=lab)
-                    left += n
-        ax.annotate(f"{left:.1f} M", (left, yy), xytext=(3, -3), textcoords="offset points",
-                    fontsize=8)
-    ax.set_yticks(y, list(terms), fontsize=9)
+                if not n:
+                    continue
+                ax.barh(yy, n, left=left, height=0.6, color=colours[a], hatch=hatch, edgecolor="white", lw=0.5)
+                name = f"{a} {'w' if kind == 'write' else 'r'}"
+                if n >= DIRECT_LABEL_MIN * total:
+                    ax.text(left + n / 2, yy, name, ha="center", va="center", fontsize=10, color="black",
+                            # on a white chip: black text is at least 4.5:1 whatever the segment's colour
+                            bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.9})
+                elif n >= DIRECT_NOTE_MIN * total:
+                    small.append(f"{name} {n:.1f}")
+                if n >= DIRECT_NOTE_MIN * total and a not in shown:
+                    shown.append(a)
+                left += n
+        # the total, then the segments too narrow to name on the bar
+        ax.annotate(f"{left:.1f} M" + (f" ({', '.join(small)})" if small else ""), (left, yy),
+                    xytext=(4, 0), textcoords="offset points", va="center", fontsize=10)
+    ax.set_yticks(y, list(terms), fontsize=10)
     ax.set_xlabel("slow-memory accesses (millions of elements; hatched: writes)")
     ax.set_ylabel("algorithm")
     ax.grid(axis="y", visible=False)
-    ax.legend(fontsize=7.5, ncol=4, loc="lower right")
-    ax.set_xlim(0, ax.get_xlim()[1] * 1.12)
-    return fig
+    handles = [Patch(facecolor=colours[a], edgecolor="white", label=a) for a in arrays if a in shown]
+    handles.append(Patch(facecolor="white", edgecolor=PALETTE[6], hatch="//", label="write"))
+    ax.legend(handles=handles, ncol=len(handles), loc="upper center", bbox_to_anchor=(0.5, -0.22),
+              title="array (r: read, w: write)", handlelength=1.4, columnspacing=1.0)
+    ax.set_xlim(0, total * 1.2)
+    # the words a reader of the notebook hears (preln.nb): the totals, then each bar's largest terms
+    totals = {label: sum(t.values()) / 1e6 for label, t in terms.items()}
+    alt = short_alt("Slow-memory accesses of one head, stacked by array: "
+                    + "; ".join(f"{label} {n:.1f} M" for label, n in totals.items()) + ".")
+    largest = {label: sorted(t.items(), key=lambda kv: -kv[1])[:3] for label, t in terms.items()}
+    description = " ".join(
+        f"{label}: {totals[label]:.1f} million accesses, the largest "
+        + ", ".join(f"{kind}s of {a} {n / 1e6:.1f} M" for (a, kind), n in top) + "."
+        for label, top in largest.items())
+    return set_alt(fig, alt, description)
 
 
 #: the ops of a decode step drawn by plot_decode_ops: the weight matmuls and attention
@@ -281,7 +351,7 @@ def plot_decode_ops(models, machines, context, batches=None):
         ax.minorticks_off()
     for ax in axes:
         ax.set_ylabel("FLOPs per byte (16-bit)")
-    axes[0].legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(0.0, 0.9))
+    axes[0].legend(loc="upper left", bbox_to_anchor=(0.0, 0.9))
     return fig
 
 
@@ -297,10 +367,12 @@ def plot_paged_memory(paged, reserved, block_size, max_len, bytes_per_position):
     whole = np.array([r.reserved_tokens for r in paged.steps]) * kib
     ax.plot(steps, whole, "-", color=PALETTE[1], lw=1.6, label=f"reserving max_len = {max_len} per sequence")
     ax.plot(steps, held, "-", color=PALETTE[0], lw=1.6, label=f"paged: blocks of {block_size} held")
-    ax.fill_between(steps, 0, stored, color=PALETTE[2], alpha=0.35, lw=0, label="positions stored")
+    ax.fill_between(steps, 0, stored, color=PALETTE[2], alpha=0.35, lw=0)
+    # the pale area is named by its edge, drawn at full colour (3:1 on white; the fill is 1.5:1)
+    ax.plot(steps, stored, ":", color=PALETTE[2], lw=1.6, label="positions stored")
     ax.set_ylabel("KV cache (KiB)")
     ax.set_xlabel("scheduler step")
-    ax.legend(fontsize=7.5, loc="upper right")
+    ax.legend(loc="upper right")
     ax.set_title("the same running batch, two ways to hold its keys and values", fontsize=9)
     bx.step(steps, [len(r.running) for r in paged.steps], where="mid", color=PALETTE[0],
             label="paged cache")
@@ -308,7 +380,7 @@ def plot_paged_memory(paged, reserved, block_size, max_len, bytes_per_position):
             where="mid", color=PALETTE[1], ls="--", label="max_len reserved, same memory")
     bx.set_xlabel("scheduler step")
     bx.set_ylabel("sequences running")
-    bx.legend(fontsize=7.5, loc="upper right")
+    bx.legend(loc="upper right")
     return fig
 
 
@@ -347,7 +419,7 @@ def plot_decode_roofline(batch=8, context=4096, gpu="H100 SXM"):
     ax.set_ylim(1e11, 2e15)
     ax.set_xlabel("FLOPs per byte")
     ax.set_ylabel("FLOP/s")
-    ax.legend(fontsize=7.5, loc="lower right")
+    ax.legend(loc="lower right")
     ax.minorticks_off()
     ax.set_title(f"context {context}: {batch / t:,.0f} tokens/s at most, {t * 1e3:.1f} ms per step",
                  fontsize=9)
@@ -387,6 +459,7 @@ EXPLORABLES = {"decode_roofline": (plot_decode_roofline, DECODE_CONTROLS)}
 
 _TD = "padding:0.15em 0.5em;white-space:nowrap"
 _TDR = _TD + ";text-align:right"
+_TH = _TD + ";text-align:left;font-weight:normal"   # a row header: named, not restyled
 
 
 def traffic_table_html(unfused, fused, caption):
@@ -401,7 +474,7 @@ def traffic_table_html(unfused, fused, caption):
     for o in unfused:
         f = fused_by.get(o.name)
         rows.append("<tr>" + "".join([
-            f"<td style='{_TD}'><code>{html.escape(o.name)}</code></td>",
+            f"<th scope='row' style='{_TH}'><code>{html.escape(o.name)}</code></th>",
             f"<td style='{_TDR}'>{o.flops / 1e6:,.1f}</td>",
             f"<td style='{_TDR}'>{mib(o.nbytes)}</td>",
             f"<td style='{_TDR}'>{o.intensity:.3g}</td>",
@@ -409,16 +482,16 @@ def traffic_table_html(unfused, fused, caption):
     for o in fused:
         if o.name not in {u.name for u in unfused}:
             rows.append("<tr>" + "".join([
-                f"<td style='{_TD}'><em>fused:</em> <code>{html.escape(o.name)}</code></td>",
+                f"<th scope='row' style='{_TH}'><em>fused:</em> <code>{html.escape(o.name)}</code></th>",
                 f"<td style='{_TDR}'>{o.flops / 1e6:,.1f}</td>", f"<td style='{_TDR}'></td>",
                 f"<td style='{_TDR}'>{o.intensity:.3g}</td>",
                 f"<td style='{_TDR}'>{mib(o.nbytes)}</td>"]) + "</tr>")
     tu, tf = sum(o.nbytes for o in unfused), sum(o.nbytes for o in fused)
     fl = sum(o.flops for o in unfused)
-    rows.append(f"<tr style='border-top:2px solid currentColor'><td style='{_TD}'><strong>total"
-                f"</strong></td><td style='{_TDR}'>{fl / 1e6:,.1f}</td><td style='{_TDR}'>{mib(tu)}"
+    rows.append(f"<tr style='border-top:2px solid currentColor'><th scope='row' style='{_TH}'><strong>total"
+                f"</strong></th><td style='{_TDR}'>{fl / 1e6:,.1f}</td><td style='{_TDR}'>{mib(tu)}"
                 f"</td><td style='{_TDR}'>{fl / tu:.3g}</td><td style='{_TDR}'>{mib(tf)}</td></tr>")
-    head = "".join(f"<th style='{_TDR if i else _TD}'>{h}</th>" for i, h in enumerate(
+    head = "".join(f"<th scope='col' style='{_TDR if i else _TD}'>{h}</th>" for i, h in enumerate(
         ["op", "MFLOP", "unfused MiB", "FLOP/B (unfused)", "fused MiB"]))
     return (f"<div style='overflow-x:auto'><table style='font-size:0.8em;border-collapse:collapse'>"
             f"<caption>{html.escape(caption)}</caption><thead><tr>{head}</tr></thead>"
@@ -438,13 +511,13 @@ def bound_table_html(ops, machines, caption):
         f"{html.escape(label)} (ridge {roof.ridge:.0f})" for label, (roof, _) in machines.items()]
     rows = []
     for n in names:
-        cells = [f"<td style='{_TD}'><code>{html.escape(n)}</code></td>"]
+        cells = [f"<th scope='row' style='{_TH}'><code>{html.escape(n)}</code></th>"]
         cells += [f"<td style='{_TDR}'>{by[size][n].intensity:.3g}</td>" for size in ops]
         for roof, size in machines.values():
             compute = by[size][n].intensity >= roof.ridge
             cells.append(f"<td style='{_TD}'>{'<strong>compute</strong>' if compute else 'memory'}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
-    th = "".join(f"<th style='{_TD}'>{h}</th>" for h in head)
+    th = "".join(f"<th scope='col' style='{_TD}'>{h}</th>" for h in head)
     return (f"<div style='overflow-x:auto'><table style='font-size:0.8em;border-collapse:collapse'>"
             f"<caption>{html.escape(caption)}</caption><thead><tr>{th}</tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table></div>")

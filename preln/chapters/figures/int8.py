@@ -39,7 +39,7 @@ def plot_bits_error(bits, errors):
     ax.set_yscale("log", base=2)
     ax.set_xlabel("bits (symmetric absmax, q in [-(2$^{b-1}$-1), 2$^{b-1}$-1])")
     ax.set_ylabel("relative error ||W - deq(q(W))|| / ||W||\n(outlier weight excluded)", fontsize=9)
-    ax.legend(fontsize=8)
+    ax.legend()
     return fig
 
 
@@ -60,7 +60,7 @@ def plot_accumulators(Ks, int16_wrong, f16_err, f32_err):
     ax.set_xscale("log", base=2)
     ax.set_xlabel("K, terms per dot product")
     ax.set_ylabel("dot products (%)")
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(loc="upper left")
     return fig
 
 
@@ -78,7 +78,7 @@ def plot_op_errors(ops, errors):
     ax.set_xticks(x, ops, rotation=35, ha="right")
     ax.set_yscale("log")
     ax.set_ylabel("relative error vs float64")
-    ax.legend(fontsize=8, ncol=2)
+    ax.legend(ncol=2)
     return fig
 
 
@@ -96,7 +96,7 @@ def plot_outlier_channels(before, after, channels):
     ax.set_xlabel("feature channel j of LN1's output (layer 0); outliers at " +
                   ", ".join(str(int(c)) for c in channels))
     ax.set_ylabel("max |h$_j$| over tokens")
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(loc="upper left")
     return fig
 
 
@@ -112,12 +112,12 @@ def plot_sweeps(thresholds, ppl_thr, frac_thr, alphas, ppl_alpha, ppl_float, ppl
     for t, p, f in zip(thresholds, ppl_thr, frac_thr):
         ax.annotate(f"{100 * f:.0f}%", (t, p), xytext=(0, 5), textcoords="offset points",
                     ha="center", fontsize=7)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(loc="upper left")
     bx.plot(alphas, ppl_alpha, marker="s", color=BLUE, label="SmoothQuant, per tensor")
     bx.axhline(ppl_float, color=BLACK, ls=":", lw=1)
     bx.axhline(ppl_tensor, color=VERMILLION, ls="--", lw=1, label="per-tensor W8A8")
     bx.set_xlabel("migration strength alpha")
-    bx.legend(fontsize=8, loc="upper center")
+    bx.legend(loc="upper center")
     return fig
 
 
@@ -139,7 +139,7 @@ def plot_weight_bits_decode(model, roofs, batches, context, bits=(16, 8, 4), gro
         ax.minorticks_off()
     for ax in axes:
         ax.set_ylabel("tokens per second (roofline bound)")
-    axes[0].legend(fontsize=8, loc="upper left")
+    axes[0].legend(loc="upper left")
     return fig
 
 
@@ -159,7 +159,7 @@ def plot_matvec(rows, bandwidth):
     ax.set_xlabel("ms per matrix-vector product (one core)")
     ax.set_ylabel("weight storage")
     ax.grid(axis="y", visible=False)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(loc="lower right")
     ax.set_xlim(0, ax.get_xlim()[1] * 1.15)
     return fig
 
@@ -183,7 +183,7 @@ def plot_weight_only(bits, groups, ppl, ppl_float, title=""):
         ax.minorticks_off()
     for ax in axes:
         ax.set_ylabel("held-out perplexity" + (f"\n{title}" if title else ""))
-    axes[0].legend(fontsize=7.5, loc="upper right")
+    axes[0].legend(loc="upper right")
     from matplotlib.ticker import LogLocator, ScalarFormatter
     for ax in axes:
         ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 3.0, 5.0)))
@@ -206,7 +206,7 @@ def plot_calibration(clips, errors, marks, bits):
     ax.set_yscale("log")
     ax.set_xlabel(f"clip c (the largest value kept), {bits}-bit symmetric grid")
     ax.set_ylabel("mean squared error")
-    ax.legend(fontsize=8)
+    ax.legend()
     return fig
 
 

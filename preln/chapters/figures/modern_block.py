@@ -92,7 +92,7 @@ def plot_rope_scores(theta=10000.0, d_head=16) -> Figure:
     ax.set_xlabel("offset m − n (query position − key position)")
     ax.set_ylabel("score q·k / √d_h")
     ax.set_title(f"θ = {theta:g}, d_h = {d_head}", fontsize=10)
-    ax.legend(loc="lower center", fontsize=8)
+    ax.legend(loc="lower center")
     return fig
 
 
@@ -120,7 +120,7 @@ def plot_rope_frequencies(d_head=64, thetas=(10000.0, 500000.0)) -> Figure:
     ax.set_xlabel("pair i (dimensions i and i + d_h/2)")
     ax.set_ylabel("wavelength 2π/w_i (positions)")
     ax.set_title(f"d_h = {d_head}", fontsize=10)
-    ax.legend(fontsize=9)
+    ax.legend()
     return fig
 
 
@@ -305,8 +305,8 @@ def plot_training_curves(window=25) -> Figure:
     ticks = [2, 3, 4, 6, 10, 20, 40]
     ax2.set_yticks(ticks, [str(t) for t in ticks])
     ax2.minorticks_off()
-    ax1.legend(fontsize=8)
-    ax2.legend(fontsize=8)
+    ax1.legend()
+    ax2.legend()
     fig.suptitle("One recipe, equal parameter counts, five seeds each", fontsize=11)
     return fig
 
@@ -373,7 +373,7 @@ def plot_loss_by_position(curves, trained_len=64) -> Figure:
     ax.minorticks_off()
     ax.set_xlabel("position in the window (context = position + 1 characters)")
     ax.set_ylabel("held-out loss (nats/char)")
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(loc="upper left")
     return fig
 
 

@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from preln.chapters import numerics
-from preln.chapters.viz import PALETTE, control
+from preln.chapters.viz import OKABE_ITO, PALETTE, control, table_caption
 
 __all__ = ["Table", "plot_number_line", "plot_softmax_overflow", "plot_layernorm_thresholds",
            "plot_overflow_map", "overflow_map_alt", "plot_stream_growth", "plot_loss_scale_window",
@@ -24,7 +24,11 @@ __all__ = ["Table", "plot_number_line", "plot_softmax_overflow", "plot_layernorm
 
 BLUE, VERMILLION, GREEN, ORANGE, SKY, PURPLE, BLACK, YELLOW = PALETTE
 #: colours of numerics.STATUS: finite, silent LayerNorm failure, inf, NaN
-STATUS_COLOURS = [SKY, ORANGE, VERMILLION, BLACK]
+# Areas of a map, not thin lines: the published (light) Okabe-Ito sky blue and yellow, which stay
+# apart from vermillion and black under deuteranopia and protanopia (the darkened orange would not:
+# CIELAB distance 1.3 from vermillion under deuteranopia); the legend's swatches get a black edge,
+# which stands out from the white page whatever their fill.
+STATUS_COLOURS = [OKABE_ITO[4], OKABE_ITO[7], VERMILLION, BLACK]
 
 
 class Table:
@@ -36,10 +40,11 @@ class Table:
     def _repr_html_(self):
         e = html.escape
         pad = ' style="padding: 0.15em 0.8em; text-align: right"'
-        head = "".join(f"<th{pad}>{e(str(c))}</th>" for c in self.columns)
-        body = "".join("<tr>" + "".join(f"<td{pad}>{e(str(v))}</td>" for v in r) + "</tr>"
-                       for r in self.rows)
-        cap = f"<caption>{e(self.caption)}</caption>" if self.caption else ""
+        head = "".join(f'<th scope="col"{pad}>{e(str(c))}</th>' for c in self.columns)
+        # each row is named by its first cell (a format, a dtype, a width)
+        body = "".join(f'<tr><th scope="row"{pad}>{e(str(r[0]))}</th>'
+                       + "".join(f"<td{pad}>{e(str(v))}</td>" for v in r[1:]) + "</tr>" for r in self.rows)
+        cap = f"<caption>{e(table_caption(self.caption, self.columns))}</caption>"
         return f'<table class="preln-table">{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
     def __repr__(self):
@@ -134,8 +139,8 @@ def plot_overflow_map(dtype="float16", policy="naive", d=64):
     ax.set_ylabel("depth (blocks applied)")
     ax.set_title(f"{dtype}, {policy} policy, d = {d}", fontsize=11)
     ax.grid(False)
-    handles = [Patch(color=c, label=lab) for c, lab in zip(STATUS_COLOURS, numerics.STATUS)]
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8)
+    handles = [Patch(facecolor=c, edgecolor=BLACK, lw=0.8, label=lab) for c, lab in zip(STATUS_COLOURS, numerics.STATUS)]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
     return fig
 
 
@@ -164,14 +169,15 @@ def plot_stream_growth(curves, widths, xavier=None):
     ax = fig.add_subplot()
     for (d, m), c in zip(curves.items(), [BLUE, GREEN, PURPLE]):
         ax.plot(np.arange(len(m)), m, color=c, label=f"PyTorch init, d = {d} (float32)")
-    for (d, m), c in zip((xavier or {}).items(), [BLACK, ORANGE]):
+    # not orange: dashed like the vermillion limits, and the same colour as them under deuteranopia
+    for (d, m), c in zip((xavier or {}).items(), [BLACK, SKY]):
         ax.plot(np.arange(len(m)), m, color=c, ls="--", label=f"Xavier, theory setting, d = {d}")
     for D, ls in zip(widths, ["-", "--", ":"]):
         ax.axhline(65520.0 / D, color=VERMILLION, ls=ls, lw=1.2,
                    label=f"float16 LayerNorm limit 65520/d, d = {D}")
     ax.set_xlabel("depth l (blocks applied)")
     ax.set_ylabel("mean square per token")
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(loc="upper left")
     return fig
 
 
@@ -206,13 +212,13 @@ def plot_dynamic_scaling(run, grad_rms):
     ax.scatter(steps[sk], np.log2(run["scale"][sk]), marker="x", color=VERMILLION, zorder=3,
                label="overflow: step skipped, scale halved")
     ax.set_ylabel("log$_2$ scale")
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(loc="upper left")
     bx.plot(steps, 100 * run["flushed_unscaled"], color=ORANGE, label="no loss scaling")
     bx.plot(steps, 100 * run["flushed"], color=BLUE, label="dynamic loss scaling")
     bx.set_ylabel("entries lost (%)")
     bx.set_xlabel("step (upstream gradient rms falls from "
                   f"$2^{{{math.log2(grad_rms[0]):.0f}}}$ to $2^{{{math.log2(grad_rms[-1]):.0f}}}$)")
-    bx.legend(fontsize=8, loc="center left")
+    bx.legend(loc="center left")
     return fig
 
 

@@ -116,7 +116,7 @@ def plot_theorem1(depths, pre, post, fits, batch_pre=None, batch_post=None):
     ax.minorticks_off()
     ax.set_xlabel("number of layers L")
     ax.set_ylabel(r"$\|\partial \mathcal{L} / \partial W^{2,L}\|_F$ (nats per unit weight)")
-    ax.legend(ncol=2, fontsize=8, loc="lower left")
+    ax.legend(ncol=2, loc="lower left")
     return fig
 
 
@@ -181,7 +181,7 @@ def plot_training(depth, lr, seed=0):
     ax.set_ylabel("training loss (nats/char, 10-step mean)")
     ax.set_ylim(0.8, 3.8)
     ax.set_title(f"L = {depth} layers, peak lr = {lr:g}, seed {seed}", fontsize=11)
-    ax.legend(fontsize=9, loc="upper right")
+    ax.legend(loc="upper right")
     return fig
 
 
@@ -214,7 +214,7 @@ def plot_early_updates(results):
     ax2.set_xlabel("Adam step t")
     ax2.set_ylabel("% of weights moved by > lr(t)/2")
     ax2.set_ylim(-3, 103)
-    ax1.legend(fontsize=8, loc="lower left")
+    ax1.legend(loc="lower left")
     return fig
 
 
@@ -237,7 +237,7 @@ def plot_final_loss():
         ax.set_xlabel("peak learning rate")
         ax.set_title(f"L = {L} layers", fontsize=11)
     np.atleast_1d(axes)[0].set_ylabel("held-out loss after 300 steps\n(nats/char, mean of seeds)")
-    np.atleast_1d(axes)[0].legend(fontsize=9)
+    np.atleast_1d(axes)[0].legend()
     return fig
 
 

@@ -14,6 +14,7 @@ import numpy as np
 from preln.nn.config import BlockConfig
 from preln.chapters.shapes import closed_form_flops, format_bytes, format_count, shape_flow
 from preln.chapters.viz import PALETTE, control
+from preln.nb import set_alt, short_alt
 
 __all__ = ["EXPLORABLES", "plot_ops", "ops_alt", "plot_flops_split", "flops_split_alt",
            "shape_table_html", "backward_table_html", "kept_per_token_html", "live_shape_table",
@@ -88,7 +89,7 @@ def plot_ops(S=512, D=64, H=4, B=OPS_B, training=True):
     for ax in (ax_f, ax_b):
         ax.grid(axis="y", visible=False)
         ax.minorticks_off()
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize=8)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     t = flow.totals
     fig.suptitle(f"B={B}, S={S}, D={D}, H={H}, F={4 * D}:  {format_count(t['flops'])}FLOP, "
                  f"keeps {format_bytes(t['kept_bytes'])}", fontsize=10)
@@ -107,6 +108,18 @@ def ops_alt(S, D, H, B=OPS_B):
             f"{format_count(big_f.flops)}FLOP. Right: bytes each op writes and keeps for the "
             f"backward, {format_bytes(t['kept_bytes'])} kept in total; the largest is "
             f"{big_k.name}, keeping {format_bytes(big_k.kept_bytes)}.")
+
+
+def ops_summary(S, D, H, B=OPS_B):
+    """What the live region says of a frame of :func:`plot_ops`: the totals, and the costliest op."""
+    flow = shape_flow(_ops_config(D, H), B, S)
+    big_f = max(flow.rows, key=lambda r: r.flops)
+    t = flow.totals
+    return (f"{format_count(t['flops'])}FLOP in total, {format_bytes(t['kept_bytes'])} kept for the "
+            f"backward; costliest op {big_f.name}, {format_count(big_f.flops)}FLOP.")
+
+
+ops_alt.summary = ops_summary     # preln.chapters.viz.explorable announces it
 
 
 # ---- FLOP split against S ---------------------------------------------------------------------
@@ -135,9 +148,16 @@ def plot_flops_split(D=64, ratio=4):
     ax.set_xlabel("sequence length S (tokens)")
     ax.set_ylabel("matmul FLOPs per token")
     ax.set_title(f"D = {D}, F = {ratio}D = {F}")
-    ax.legend(loc="upper left", fontsize=8)
+    ax.legend(loc="upper left")
     ax.minorticks_off()          # a dozen decades of minor ticks would triple the drawing time
     return fig
+
+
+def flops_split_summary(D, ratio=4):
+    """The live region's words for a frame of :func:`plot_flops_split`: the crossover."""
+    F = ratio * D
+    return (f"projections {format_count(2 * (4 * D * D + 2 * D * F))}FLOP per token; attention "
+            f"overtakes them at S* = {2 * D + F}.")
 
 
 def flops_split_alt(D, ratio=4):
@@ -158,6 +178,7 @@ EXPLORABLES = {
 
 _TD = "padding:0.15em 0.5em;vertical-align:top;white-space:nowrap"
 _TDR = _TD + ";text-align:right"
+_TH = _TD + ";text-align:left;font-weight:normal"   # a row header: named, not restyled
 
 
 def shape_table_html(flow):
@@ -169,7 +190,10 @@ def shape_table_html(flow):
     e = html.escape
 
     def th(text, right=False):
-        return f"<th style='{_TDR if right else _TD}'>{text}</th>"
+        return f"<th scope='col' style='{_TDR if right else _TD}'>{text}</th>"
+
+    def rh(text):          # the row's name: its op (a screen reader says it with every cell)
+        return f"<th scope='row' style='{_TH}'>{text}</th>"
 
     def td(text, right=False):
         return f"<td style='{_TDR if right else _TD}'>{text}</td>"
@@ -189,12 +213,12 @@ def shape_table_html(flow):
                                                      else f" {np.dtype(d).name}")
                            for n, s, d in r.kept) or "&mdash;"
         body.append("<tr>" + "".join([
-            td(i), td(f"<code>{e(r.name)}</code><br>{e(r.equation)}"), td(writes),
+            td(i), rh(f"<code>{e(r.name)}</code><br>{e(r.equation)}"), td(writes),
             td(format_count(r.flops), True), td(format_bytes(r.out_bytes), True),
             td(format_bytes(r.kept_bytes), True), td(kept), td(reads)]) + "</tr>")
     t = flow.totals
     body.append("<tr style='border-top:2px solid currentColor'>" + "".join([
-        td(""), td("<strong>total</strong>"), td(""),
+        td(""), rh("<strong>total</strong>"), td(""),
         td(f"<strong>{format_count(t['flops'])}</strong>", True),
         td(f"<strong>{format_bytes(t['out_bytes'])}</strong>", True),
         td(f"<strong>{format_bytes(t['kept_bytes'])}</strong>", True),
@@ -211,11 +235,14 @@ def shape_table_html(flow):
 
 def _simple_table(head, rows, caption, right=()):
     e = html.escape
-    cells = lambda tag, vals: "".join(  # noqa: E731
-        f"<{tag} style='{_TDR if j in right else _TD}'>{e(str(v))}</{tag}>" for j, v in enumerate(vals))
-    body = "".join(f"<tr>{cells('td', r)}</tr>" for r in rows)
+    style = lambda j: _TDR if j in right else _TD  # noqa: E731
+    # the first column names its row: a row header, which a screen reader says with every cell
+    body = "".join(f"<tr><th scope='row' style='{_TH}'>{e(str(r[0]))}</th>"
+                   + "".join(f"<td style='{style(j)}'>{e(str(v))}</td>" for j, v in enumerate(r) if j) + "</tr>"
+                   for r in rows)
+    head = "".join(f"<th scope='col' style='{style(j)}'>{e(str(v))}</th>" for j, v in enumerate(head))
     return (f"<div style='overflow-x:auto'><table style='font-size:0.75em;border-collapse:collapse'>"
-            f"<caption>{e(caption)}</caption><thead><tr>{cells('th', head)}</tr></thead>"
+            f"<caption>{e(caption)}</caption><thead><tr>{head}</tr></thead>"
             f"<tbody>{body}</tbody></table></div>")
 
 
@@ -288,7 +315,9 @@ def plot_flops_vs_size(sizes_S, flops_S, fit_S, sizes_D, flops_D, fit_D, S_fixed
         ax.loglog(x, fit(x), "-", color=PALETTE[1], lw=1.5,
                   label=f"fit $\\propto {label}^{{{fit.exponent:.2f}}}$")
         _size_axes(ax, x, label, "forward FLOPs", f"growing {label}, {fixed}, B = 1")
-    return fig
+    alt = (f"Counted forward FLOPs, log-log, with fitted power laws: slope {fit_S.exponent:.2f} against S "
+           f"(D = {D_fixed}), {fit_D.exponent:.2f} against D (S = {S_fixed}).")
+    return set_alt(fig, short_alt(alt))
 
 
 def _size_axes(ax, x, label, ylabel, title):
@@ -297,7 +326,7 @@ def _size_axes(ax, x, label, ylabel, title):
     ax.set_xlabel(f"{'sequence length' if label == 'S' else 'model width'} {label}")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.legend(fontsize=8)
+    ax.legend()
 
 
 def plot_timings(sizes_S, times_S, fit_S, sizes_D, times_D, fit_D, S_fixed, D_fixed, fit_mask_S=None,
@@ -317,7 +346,11 @@ def plot_timings(sizes_S, times_S, fit_S, sizes_D, times_D, fit_D, S_fixed, D_fi
         ax.loglog(xs, 1e3 * fit(xs), "-", color=PALETTE[1], lw=1.5,
                   label=f"fit $\\propto {label}^{{{fit.exponent:.2f}}}$")
         _size_axes(ax, x, label, "forward CPU time (ms)", f"growing {label}, {fixed}")
-    return fig
+    alt = (f"Measured forward CPU time, log-log, with fitted power laws: slope {fit_S.exponent:.2f} against S "
+           f"(D = {D_fixed}), {fit_D.exponent:.2f} against D (S = {S_fixed}).")
+    description = (f"Against S: {1e3 * min(times_S):.3g} to {1e3 * max(times_S):.3g} ms. "
+                   f"Against D: {1e3 * min(times_D):.3g} to {1e3 * max(times_D):.3g} ms.")
+    return set_alt(fig, short_alt(alt), description)
 
 
 # ---- section 3: memory -----------------------------------------------------------------------
@@ -340,5 +373,10 @@ def plot_peak_memory(S_plain, peak_plain, S_tiled, peak_tiled, S_formula, p_byte
     _size_ticks(ax, S_tiled)
     ax.set_xlabel("sequence length S (tokens)")
     ax.set_ylabel("peak memory of one forward (MiB)")
-    ax.legend(fontsize=8, loc="upper left")
-    return fig
+    ax.legend(loc="upper left")
+    alt = (f"Peak memory of one forward against S, log-log: the plain path reaches {max(peak_plain) / MiB:.3g} MiB "
+           f"at S = {max(S_plain)}, the tiled path {max(peak_tiled) / MiB:.3g} MiB at S = {max(S_tiled)}.")
+    return set_alt(fig, short_alt(alt))
+
+
+flops_split_alt.summary = flops_split_summary

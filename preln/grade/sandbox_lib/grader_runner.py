@@ -16,6 +16,7 @@ standard output when it is done (and treats it as untrusted data). Steps:
    fresh kernel, run the cells again without that one, and go on with the next question;
 5. print {"cells": outputs per cell, "questions": status and results per question}.
 """
+import copy
 import json
 import os
 import resource
@@ -44,12 +45,12 @@ def drop_privileges(uid, gid):
 
 #: keyctl(2): the syscall's number per machine, and the operations used
 _SYS_KEYCTL = {"x86_64": 250, "aarch64": 219, "ppc64le": 311, "s390x": 280}
-KEYCTL_JOIN_SESSION_KEYRING, KEYCTL_CLEAR = 1, 7
-KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING = -4, -5
+KEYCTL_JOIN_SESSION_KEYRING, KEYCTL_CLEAR, KEYCTL_GET_PERSISTENT = 1, 7, 22
+KEY_SPEC_PROCESS_KEYRING, KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING = -2, -4, -5
 
 
 def fresh_keyrings():
-    """Clear this uid's user keyrings (what an earlier sandbox with the uid may have left there) and
+    """Clear this uid's user and persistent keyrings (what an earlier sandbox with the uid may have left there) and
     join a new anonymous session keyring; a list of what could not be done (no keyctl: nothing to
     reach either)."""
     import ctypes
@@ -60,8 +61,14 @@ def fresh_keyrings():
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     notes = []
-    for args in ((KEYCTL_CLEAR, KEY_SPEC_USER_KEYRING), (KEYCTL_CLEAR, KEY_SPEC_USER_SESSION_KEYRING),
-                 (KEYCTL_JOIN_SESSION_KEYRING, None)):
+    # the uid's persistent keyring outlives its processes by days: cleared too
+    persistent = libc.syscall(ctypes.c_long(nr), ctypes.c_long(KEYCTL_GET_PERSISTENT), ctypes.c_long(-1),
+                              ctypes.c_long(KEY_SPEC_PROCESS_KEYRING))
+    todo = [(KEYCTL_CLEAR, KEY_SPEC_USER_KEYRING), (KEYCTL_CLEAR, KEY_SPEC_USER_SESSION_KEYRING),
+            (KEYCTL_JOIN_SESSION_KEYRING, None)]
+    if persistent > 0:
+        todo.insert(0, (KEYCTL_CLEAR, persistent))
+    for args in todo:
         if libc.syscall(ctypes.c_long(nr), ctypes.c_long(args[0]),
                         ctypes.c_long(args[1]) if args[1] is not None else ctypes.c_void_p(None)) < 0:
             notes.append(f"keyctl {args}: errno {ctypes.get_errno()}")
@@ -234,7 +241,10 @@ def main():
                     cell.outputs = truncate(cell.get("outputs", []), budget) if i not in status else []
                     if i not in status:                # the first run of a cell is the one reported
                         status[i] = "timeout" if st == "timeout_stuck" else st
-                        outputs[i] = cell.outputs
+                        # a copy: nbclient rewrites an output in place when a later update_display_data
+                        # names its display_id (a handle the answer could update with the hidden
+                        # inputs while the calls run)
+                        outputs[i] = copy.deepcopy(cell.outputs)
                     if st == "timeout":
                         skip.add(i)                    # interrupted, the kernel went on: not run again
                     if st in ("timeout_stuck", "died"):
