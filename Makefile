@@ -179,8 +179,10 @@ BENCH_STUDENTS ?= 100
 bench-grading: $(COURSE_STAMP)
 	$(ONE_THREAD) $(BIN)/python -m preln.grade.bench_grading --students $(BENCH_STUDENTS)
 
+# two pytest workers, each with its own Chromium and server: the pages are independent tests
+SITE_JOBS ?= 2
 test-site: pdf
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m browser tests/browser
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(SITE_JOBS) -m browser tests/browser
 	@echo "Screenshots of every page: $(CURDIR)/_build/screenshots/"
 
 # One PDF of the book, printed by the Debian chromium through Playwright (never a downloaded browser)

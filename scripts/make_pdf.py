@@ -46,6 +46,8 @@ LANG = "en"
 KEEP_ID = re.compile(r"^preln-explorable-")
 IDREF_ATTRS = ("aria-labelledby", "aria-describedby", "aria-controls", "aria-owns", "for", "headers")
 MARGIN_BOX = "font-family: sans-serif; font-size: 8px; color: #555;"
+# every formula of the book named (spoken) before printing: the joined document has ~all of them
+SPEECH_MS = 300_000
 
 # Before printing, laid out as on paper (print media, the column's width): every image loaded
 # (explorable frames are lazy: loading="lazy"), MathJax done, then the site's own beforeprint
@@ -235,7 +237,7 @@ def make_pdf(out: Path = OUT, names: list[str] | None = None, verbose: bool = Tr
                        lambda route: route.fulfill(status=200, content_type="text/html; charset=utf-8", body=document))
             page.emulate_media(media="print")
             page.goto(f"{url}/{BOOK_PAGE}.html", wait_until="load")
-            sitebrowser.settle(page)
+            sitebrowser.settle(page, speech_ms=SPEECH_MS)
             page.evaluate("() => window.MathJax && MathJax.startup ? MathJax.startup.promise.then(() => true) : true")
             broken = page.evaluate(PREPARE_JS)
             if broken:

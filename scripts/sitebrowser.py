@@ -4,7 +4,8 @@ table (scripts/page_weight.py) and the browser tests (tests/browser).
 - `serve(directory)`: the site on a local HTTP server (a free port on 127.0.0.1).
 - `launch(playwright)`: the system Chromium, never a downloaded one (PRELN_CHROMIUM overrides
   /usr/bin/chromium).
-- `settle(page)`: wait for MathJax to typeset, the fonts, and a quiet network.
+- `settle(page)`: wait for MathJax to typeset, every formula's spoken name, the fonts, and a
+  quiet network.
 - `pages()`: the book's pages in reading order, from _toc.yml.
 """
 from __future__ import annotations
@@ -23,6 +24,9 @@ SITE = ROOT / "_build" / "html"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
 SETTLE_MS = 15_000   # upper bound for MathJax to finish a long chapter
+# upper bound for every formula to get its speech (book/_static/preln-site.js names them a batch
+# at a time after typesetting; the longest chapter takes a few seconds, the joined PDF more)
+SPEECH_MS = 60_000
 
 
 def find_chromium() -> str | None:
@@ -65,19 +69,37 @@ def serve(directory: Path = SITE):
     return server, f"http://127.0.0.1:{server.server_address[1]}"
 
 
-def settle(page, network_ms: int = 5_000) -> None:
-    """Wait for MathJax to finish typesetting, the fonts, then a quiet network (a heavy page may
-    not get there, and that is not an error: callers check requests themselves)."""
+def settle(page, network_ms: int = 5_000, speech_ms: int = SPEECH_MS) -> None:
+    """Wait for MathJax to finish typesetting, then for every formula's speech (its accessible
+    name: preln-site.js sets ``<html data-preln-speech="done">``), the fonts, then a quiet network
+    (a heavy page may not get there, and that is not an error: callers check requests themselves).
+    Speech that fails, or is not done within ``speech_ms``, raises RuntimeError."""
     page.wait_for_function(
         "() => !window.MathJax || (window.MathJax.startup && window.MathJax.startup.promise)",
         timeout=SETTLE_MS)
     page.evaluate("() => window.MathJax && window.MathJax.startup ? "
                   "window.MathJax.startup.promise.then(() => true) : true")
+    # (a page without MathJax has no formulas and preln-site.js sets nothing)
+    speech_js = ("() => !(window.MathJax && window.MathJax.startup) || "
+                 "['done', 'none', 'failed'].includes(document.documentElement.dataset.prelnSpeech)")
+    try:
+        page.wait_for_function(speech_js, timeout=speech_ms)
+    except Exception as err:
+        raise RuntimeError(f"settle: the formulas of {page.url} have no speech after {speech_ms} ms "
+                           f"(data-preln-speech={page.evaluate(_SPEECH_STATE)!r}; preln-site.js "
+                           "names them after MathJax typesets)") from err
+    state = page.evaluate(_SPEECH_STATE)
+    if state == "failed":
+        raise RuntimeError(f"settle: formula speech failed on {page.url} (data-preln-speech='failed': "
+                           "see the console's 'preln: formula speech unavailable')")
     page.evaluate("() => document.fonts.ready.then(() => true)")
     try:
         page.wait_for_load_state("networkidle", timeout=network_ms)
     except Exception:
         pass
+
+
+_SPEECH_STATE = "() => document.documentElement.dataset.prelnSpeech || null"
 
 
 def pages() -> list[str]:

@@ -126,7 +126,10 @@ def fix_markup(html: str) -> str:
     # role="doc-biblioentry", deprecated by DPUB-ARIA 1.1 because it cannot be a child of a list
     # (w3c/dpub-aria#22, w3c/html-aria#363), inside <div role="list">: axe reports
     # aria-deprecated-role and aria-required-children. A list item is what the entry is.
-    return html.replace('role="doc-biblioentry"', 'role="listitem"')
+    html = html.replace('role="doc-biblioentry"', 'role="listitem"')
+    # docutils writes a list-table's stub and header cells without scope (a screen reader guesses)
+    html = re.sub(r'<th class="(stub[^"]*)"', r'<th scope="row" class="\1"', html)
+    return re.sub(r'<th class="(head[^"]*)"', r'<th scope="col" class="\1"', html)
 
 
 def rewrite_body(app, pagename, templatename, context, doctree):

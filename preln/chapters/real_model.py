@@ -23,7 +23,8 @@ import numpy as np
 
 __all__ = ["gguf_header", "tensor_bytes", "q4_1_by_hand", "q8_0_by_hand", "q4_1_codes", "rope_interleaved",
            "rope_rotate_half", "rtn_minmax", "greedy", "english_text", "perplexity",
-           "time_prefill_decode", "kv_bytes_per_position", "licence_split", "write_calibrated_runs", "merge_calibrated", "LICENSE_PACKAGE", "GGML_TYPES",
+           "time_prefill_decode", "kv_bytes_per_position", "licence_split", "calibrated_settings", "calibrated_run",
+           "write_calibrated_runs", "merge_calibrated", "LICENSE_PACKAGE", "GGML_TYPES",
            "EVAL_SLICE", "CALIB_SEQ", "CALIB_RUNS", "CALIB_OPTIONS", "CALIBRATED_FILE"]
 
 #: the installed distribution whose LICENSE file is the chapter's English text
@@ -333,6 +334,25 @@ def merge_calibrated(path, settings, update):
     return out
 
 
+def calibrated_settings(ev, calib, bits=3, group_size=32):
+    """The settings a stored calibrated run is comparable under: grid, split, the token sums of
+    the evaluation and calibration text, and each method's options."""
+    return {"bits": bits, "group_size": group_size, "head": True, "eval_slice": list(EVAL_SLICE),
+            "calib_seq": CALIB_SEQ, "eval_ids_sum": int(np.asarray(ev).sum()),
+            "calib_ids_sum": int(np.asarray(calib).sum()), "options": CALIB_OPTIONS}
+
+
+def calibrated_run(lm, method, n_seq, ev, calib, bits=3, group_size=32):
+    """Quantise ``lm`` with ``method`` calibrated on the first ``n_seq`` sequences of ``calib`` and
+    measure its perplexity on ``ev`` -> the run's record (as stored in calibrated.json)."""
+    from preln.gguf import quantize
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    q = quantize(lm, method, bits, group_size, calib=calib[:n_seq], **CALIB_OPTIONS[method])
+    return {"method": method, "n_seq": n_seq, "tokens": n_seq * CALIB_SEQ, "ppl": perplexity(q, ev),
+            "wall_seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0}
+
+
 def write_calibrated_runs(runs=CALIB_RUNS, path=None, bits=3, group_size=32):
     """Run GPTQ and AWQ on SmolLM2 (one BLAS thread) and store each run's perplexity on the
     evaluation slice, its calibration size and seconds, in preln/data/real_model/calibrated.json.
@@ -357,9 +377,7 @@ def write_calibrated_runs(runs=CALIB_RUNS, path=None, bits=3, group_size=32):
                                 cwd=os.path.dirname(__file__)).stdout.strip()
     except OSError:
         commit = ""
-    settings = {"bits": bits, "group_size": group_size, "head": True, "eval_slice": list(EVAL_SLICE),
-                "calib_seq": CALIB_SEQ, "eval_ids_sum": int(ev.sum()), "calib_ids_sum": int(calib.sum()),
-                "options": CALIB_OPTIONS}
+    settings = calibrated_settings(ev, calib, bits, group_size)
     provenance = {"command": f"python -c 'from preln.chapters import real_model as rm; "
                              f"rm.write_calibrated_runs({list(runs)!r})'",
                   "commit": commit, "preln": importlib.metadata.version("preln"), "numpy": np.__version__,
@@ -376,10 +394,7 @@ def write_calibrated_runs(runs=CALIB_RUNS, path=None, bits=3, group_size=32):
 
         merge_calibrated(path, settings, baseline)
         for method, n_seq in runs:
-            t0, c0 = time.perf_counter(), time.process_time()
-            q = quantize(lm, method, bits, group_size, calib=calib[:n_seq], **CALIB_OPTIONS[method])
-            run = {"method": method, "n_seq": n_seq, "tokens": n_seq * CALIB_SEQ, "ppl": perplexity(q, ev),
-                   "wall_seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0}
+            run = calibrated_run(lm, method, n_seq, ev, calib, bits, group_size)
             out = merge_calibrated(path, settings, lambda out: out.update(
                 runs=[r for r in out["runs"] if (r["method"], r["n_seq"]) != (method, n_seq)] + [run]))
             print(run, flush=True)

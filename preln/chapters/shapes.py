@@ -21,43 +21,65 @@ FLOPs
     element, and one per call of exp, erf or tanh -- a convention for comparing ops, not what
     any hardware charges:
 
-    ========================  ==============================================================
-    LayerNorm                 7 per element (mean, subtract, square, sum, rstd, gamma, beta)
-                              + 5 per row (two divisions by D, + eps, sqrt, reciprocal)
-    bias of a Linear          1 per output element
-    scale by 1/sqrt(d_h)      1 per element of q (the safe policy scales q, not the scores)
-    mask                      1 per score (adding the -inf bias), only with a mask
-    softmax                   5 per score (max, subtract, exp, sum, divide)
-    dropout                   2 per element (mask, rescale), training with p > 0 only
-    GELU (erf)                5 per element; gelu_tanh 9; ReLU 1
-    residual add              1 per element
-    split/merge heads         0 (a view; merge copies but does no arithmetic)
-    ========================  ==============================================================
+    .. list-table:: Forward FLOPs of the elementwise work, per op
+       :header-rows: 1
+       :stub-columns: 1
+
+       * - op
+         - forward FLOPs
+       * - LayerNorm
+         - 7 per element (mean, subtract, square, sum, rstd, gamma, beta) + 5 per row (two divisions
+           by D, + eps, sqrt, reciprocal)
+       * - bias of a Linear
+         - 1 per output element
+       * - scale by 1/sqrt(d_h)
+         - 1 per element of q (the safe policy scales q, not the scores)
+       * - mask
+         - 1 per score (adding the -inf bias), only with a mask
+       * - softmax
+         - 5 per score (max, subtract, exp, sum, divide)
+       * - dropout
+         - 2 per element (mask, rescale), training with p > 0 only
+       * - GELU (erf)
+         - 5 per element; gelu_tanh 9; ReLU 1
+       * - residual add
+         - 1 per element
+       * - split/merge heads
+         - 0 (a view; merge copies but does no arithmetic)
 
     Each row also counts its **backward** (``backward_matmul_flops``, ``backward_flops``), read
     off the package's ``*_backward`` functions line by line (:mod:`preln.ops`, the block's
     ``backward``):
 
-    ========================  ==============================================================
-    Linear                    two matmuls (dx = dout W, dW = dout^T x), each as large as the
-                              forward one; db: 1 per output element; += into grads: 1 per
-                              parameter
-    LayerNorm                 13 per element (recompute xhat 2, dgamma 2, dbeta 1, g 1,
-                              mean(g) 1, mean(g xhat) 2, subtract 2, scale by rstd 1)
-                              + 2 per row (two divisions by D) + 1 per parameter (+= grads)
-    scores s = q k^T tau      two matmuls (dq = ds k, dk = ds^T q) + 1 per element of dq
-                              and of dk (times tau)
-    softmax                   4 per score (p dp, row sum, subtract, times p)
-    dropout                   2 per element (mask, rescale); on p: 4 (the backward re-applies
-                              the mask to p for dV)
-    weighted sum o = p v      two matmuls (dv = p^T do, dp = do v^T)
-    GELU (erf)                7 per element (u^2, scale, exp, times u, times 1/sqrt(2 pi),
-                              + Phi(u), times dout); gelu_tanh 19; ReLU 2
-    residual add              1 per element (the branch's gradient joins the identity path)
-    tiled attention           recomputes p (the full q k^T, its scaling, mask and the 5-FLOP
-                              softmax), then as the plain path: four matmuls, softmax 4 per
-                              score, tau on dq and dk
-    ========================  ==============================================================
+    .. list-table:: Backward FLOPs, per op
+       :header-rows: 1
+       :stub-columns: 1
+
+       * - op
+         - backward FLOPs
+       * - Linear
+         - two matmuls (dx = dout W, dW = dout^T x), each as large as the forward one; db: 1 per
+           output element; += into grads: 1 per parameter
+       * - LayerNorm
+         - 13 per element (recompute xhat 2, dgamma 2, dbeta 1, g 1, mean(g) 1, mean(g xhat) 2,
+           subtract 2, scale by rstd 1) + 2 per row (two divisions by D) + 1 per parameter (+=
+           grads)
+       * - scores s = q k^T tau
+         - two matmuls (dq = ds k, dk = ds^T q) + 1 per element of dq and of dk (times tau)
+       * - softmax
+         - 4 per score (p dp, row sum, subtract, times p)
+       * - dropout
+         - 2 per element (mask, rescale); on p: 4 (the backward re-applies the mask to p for dV)
+       * - weighted sum o = p v
+         - two matmuls (dv = p^T do, dp = do v^T)
+       * - GELU (erf)
+         - 7 per element (u^2, scale, exp, times u, times 1/sqrt(2 pi), + Phi(u), times dout);
+           gelu_tanh 19; ReLU 2
+       * - residual add
+         - 1 per element (the branch's gradient joins the identity path)
+       * - tiled attention
+         - recomputes p (the full q k^T, its scaling, mask and the 5-FLOP softmax), then as the
+           plain path: four matmuls, softmax 4 per score, tau on dq and dk
 
     So the backward's matmuls are exactly twice the forward's on the plain path (every product
     has two operands, and the block returns dL/dx, so both gradients are needed), plus one

@@ -416,7 +416,13 @@ class Explorable:
                  f'<figcaption id="{uid}-caption" class="preln-explorable-title"><strong>{e(caption)}</strong>'
                  f'<span class="preln-explorable-settings">: {e(self._settings(self._kwargs(i0)))}</span>'
                  '</figcaption>',
-                 '<div class="preln-explorable-controls">']
+                 # Kernel-free but not script-free: where the script does not run (an untrusted
+                 # notebook in JupyterLab, whose sanitizer strips <script> and <style>), the figure
+                 # is its first frame with its alt, this note, and no controls (they are hidden
+                 # until the script shows them: without the <style> a slider is 0 px wide). The
+                 # attribute has a value: sanitize-html drops empty ones (all but alt).
+                 f'<p class="preln-explorable-note">{e(UNTRUSTED_NOTE)}</p>',
+                 '<div class="preln-explorable-controls" hidden="hidden">']
         for c, (label, vals, labs) in enumerate(zip(self.labels, self.values, shown)):
             cid, j = f"{uid}-c{c}", i0[c]
             parts.append('<div class="preln-explorable-control">')
@@ -501,6 +507,11 @@ class Explorable:
         return widgets.interactive(show, **ui)
 
 
+# What an explorable says where its script cannot run (an untrusted notebook in JupyterLab).
+UNTRUSTED_NOTE = ("Interactive figure: run the notebook (or trust it) to move the controls; "
+                  "the book's website runs it without a kernel.")
+
+
 def _data_uri(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode()
 
@@ -511,6 +522,7 @@ def _data_uri(png: bytes) -> str:
 # the thumb, the track and the focus ring are at least 3:1 against the page in both modes.
 _CSS = """<style>
 .preln-explorable{margin:1em 0;max-width:100%}
+.preln-explorable-controls[hidden]{display:none}
 .preln-explorable-title{margin:0 0 .5em}
 .preln-explorable-settings{display:none}
 .preln-explorable-controls{display:flex;flex-wrap:wrap;gap:.5em 1.5em;align-items:center;margin-bottom:.5em}
@@ -534,6 +546,8 @@ _CSS = """<style>
 # are [src, alt, announcement, settings(, description)]; src is a data URI in the notebook and a file on the site.
 _JS = """(function(){var r=document.getElementById("__ID__");if(!r||r.getAttribute("data-ready"))return;
 r.setAttribute("data-ready","1");
+var note=r.querySelector(".preln-explorable-note");if(note)note.parentNode.removeChild(note);
+r.querySelector(".preln-explorable-controls").hidden=false;
 var d=JSON.parse(r.querySelector("script.preln-explorable-data").textContent);
 var img=r.querySelector(".preln-explorable-frame"),live=r.querySelector(".preln-explorable-status"),
 set=r.querySelector(".preln-explorable-settings"),desc=document.getElementById("__ID__-description"),cs=r.querySelectorAll("[data-preln-control]"),

@@ -134,14 +134,17 @@ BEGIN_GUIDE, END_GUIDE = ("<!-- BEGIN ASSIGNMENT TABLE (make assignments writes 
 
 def guide_table(names):
     """The instructor guide's table: time, questions and points of every assignment."""
-    out = [BEGIN_GUIDE, "", "| assignment | coding questions | points: autograded + written | time |",
-           "|---|---:|---:|---|"]
+    # a list-table, so that the table has a caption and row headers (a {table} directive cannot
+    # wrap the generated-part markers)
+    out = [BEGIN_GUIDE, "", "```{list-table} Time, questions and points of each assignment",
+           ":header-rows: 1", ":stub-columns: 1", "", "* - assignment", "  - coding questions",
+           "  - points: autograded + written", "  - time"]
     for name in names:
         nb = nbtools.read(nbtools.source_path(name))
         _, _, time = header(nb)
         auto, manual = nbtools.points(nb)
-        out.append(f"| `{name}` | {len(nbtools.questions(nb))} | {auto:g} + {manual:g} | {time} |")
-    return "\n".join(out + ["", END_GUIDE])
+        out += [f"* - `{name}`", f"  - {len(nbtools.questions(nb))}", f"  - {auto:g} + {manual:g}", f"  - {time}"]
+    return "\n".join(out + ["```", "", END_GUIDE])
 
 
 def update_pages(names, check=False):
