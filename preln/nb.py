@@ -18,7 +18,7 @@ try:
 except ImportError:          # a learner's environment: no book toolchain
     _myst_glue = None
 
-__all__ = ["glue", "HAVE_MYST_NB", "set_alt", "describe", "short_alt", "image_bundle", "figure_bundle",
+__all__ = ["glue", "HAVE_MYST_NB", "sig", "listed", "set_alt", "describe", "short_alt", "image_bundle", "figure_bundle",
            "register_figure_display", "png_size", "palette_png", "FIGURE_DPI", "ALT_MAX"]
 
 #: True when myst-nb is importable (the book's build environment and `make test`).
@@ -46,6 +46,8 @@ def glue(name, variable, display=True):
 # renderer never reads cell metadata (where myst-nb keeps ``mystnb.image.alt``). So every figure is
 # displayed as both: the PNG (what the book's build shows, _config.yml's nb_mime_priority_overrides)
 # and an ``<img alt=...>`` of the same bytes (what a reader of the downloaded notebook hears). The
+# site gives its PNG the alt and description of that copy (book/_ext/preln_site.py): the words are
+# written once, by the code that draws the figure (set_alt). The
 # PNG is drawn at FIGURE_DPI, twice the CSS size it is shown at, so zoom enlarges a sharp image; its
 # output metadata gives the CSS width, which makes the site link the image to its full-size file.
 
@@ -81,6 +83,35 @@ def short_alt(text, limit=ALT_MAX):
         return first
     cut = first[:limit - 1].rsplit(" ", 1)[0].rstrip(",;:")
     return cut + "…"
+
+
+def sig(x, digits=2, zeros=False):
+    """``x`` at ``digits`` significant figures, as a figure's words say it: 0.63, 47, 1, 4.7e-4,
+    3.4e38 (an exponent below 1e-3 and from 1e6 on, never "e-05"), with a Unicode minus, which a
+    screen reader says ("minus"; a hyphen it may skip). ``zeros`` keeps trailing zeros (0.80, 4.0:
+    measured values side by side)."""
+    import math
+
+    x = float(x)
+    if not math.isfinite(x):
+        return "NaN" if math.isnan(x) else ("−" if x < 0 else "") + "infinity"
+
+    def trim(t):
+        return t.rstrip("0").rstrip(".") if "." in t and not zeros else t
+
+    r = float(f"{x:.{digits}g}")                 # rounded: 99.7 -> 100.0, 65504 -> 66000.0
+    if r == 0 or 1e-3 <= abs(r) < 1e6:
+        text = trim(f"{r:.{max(digits - 1 - math.floor(math.log10(abs(r))), 0) if r else 0}f}")
+    else:
+        mantissa, exponent = f"{r:.{digits - 1}e}".split("e")
+        text = f"{trim(mantissa)}e{int(exponent)}"
+    return text.replace("-", "−")
+
+
+def listed(words):
+    """Words joined as in a sentence: "a, b and c"."""
+    words = [str(w) for w in words]
+    return " and ".join([", ".join(words[:-1]), words[-1]] if len(words) > 1 else words)
 
 
 def set_alt(fig, alt, description=None):

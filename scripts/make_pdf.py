@@ -7,8 +7,9 @@ chapters become links inside the PDF) on the site's own page shell (its CSS and 
 document is printed once with the site's print stylesheet (book/_static/preln.css: no navigation,
 explorables as their current frame with a caption that states the settings, dropdowns open, code
 and tables wrapped). One print, so Chromium writes one structure tree (headings, tables, figures
-with their alt text: the PDF is tagged, `tagged=True`) and one outline. Joining per-chapter PDFs
-with pypdf would drop every chapter's /StructTreeRoot.
+with their alt text, formulas as /Formula elements named by their speech: the PDF is tagged,
+`tagged=True`) and one outline. Joining per-chapter PDFs with pypdf would drop every chapter's
+/StructTreeRoot.
 
 Before printing, MathJax has typeset the document and every image, the lazily loaded explorable
 frames included, has loaded. Each chapter starts a page and has its own running header (a named
@@ -28,6 +29,7 @@ import re
 import shutil
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import yaml
@@ -59,6 +61,53 @@ PREPARE_JS = """async () => {
   window.dispatchEvent(new Event('beforeprint'));
   return imgs.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src.slice(0, 80));
 }"""
+
+# Formulas as /Formula elements with their speech as /Alt. Chromium tags an element with role
+# "img" as a Figure with its accessible name as /Alt, but only if some text painted inside it is
+# real text: MathJax's CHTML glyphs are CSS content, which Chromium maps to no element (the
+# formula's Figure is then dropped). So each named formula becomes role="img" and gets its speech
+# as painted but invisible text (1 px, nearly transparent, at the formula's middle: a numbered
+# display formula's box starts left of the page; a text extractor reads the formula as spoken). After printing, the Figures whose /Alt is a formula's speech are renamed /Formula.
+# Returns the speeches, and the alt texts of the document's images (kept as Figures).
+FORMULAS_JS = """() => {
+  const speech = [];
+  document.querySelectorAll('mjx-container[aria-label]').forEach(m => {
+    const label = m.getAttribute('aria-label').trim();
+    if (!label) return;
+    m.setAttribute('role', 'img');
+    const t = document.createElement('span');
+    t.className = 'preln-pdf-speech';
+    t.textContent = label;
+    m.appendChild(t);
+    speech.push(label);
+  });
+  const images = Array.from(document.querySelectorAll('img[alt]')).map(i => i.alt.trim());
+  return [speech, images];
+}"""
+SPEECH_CSS = (".preln-pdf-speech { position: absolute; left: 50%; top: 0; width: 1px; height: 1px; "
+              "overflow: hidden; white-space: nowrap; font-size: 1px; line-height: 1px; color: rgba(0, 0, 0, 0.02); }")
+
+
+def _formulas(writer, speech: set[str], images: set[str]) -> Counter:
+    """Rename the structure tree's Figures whose /Alt is a formula's speech (and no image's alt)
+    to /Formula; returns how many of each speech."""
+    from pypdf.generic import ArrayObject, DictionaryObject, NameObject
+
+    formulas = speech - images
+    count, stack = Counter(), [writer._root_object["/StructTreeRoot"].get("/K")]
+    while stack:
+        node = stack.pop()
+        node = node.get_object() if node is not None and hasattr(node, "get_object") else node
+        if isinstance(node, ArrayObject):
+            stack.extend(node)
+        elif isinstance(node, DictionaryObject) and "/S" in node:
+            alt = str(node.get("/Alt", "")).strip()
+            if node["/S"] == "/Figure" and alt in formulas:
+                node[NameObject("/S")] = NameObject("/Formula")
+                count[alt] += 1
+            stack.append(node.get("/K"))
+    return count
+
 
 # The plain text of every heading Chromium puts in the outline (the printed ones, in document
 # order): without the permalink, and a formula as linear text read from MathJax's assistive
@@ -171,6 +220,7 @@ def _page_css(names: list[str], book: str) -> str:
     # the first chapter are on its named page too, for the same reason)
     rules.append("body { page: preln-chapter-0; }")
     rules.append("section.preln-pdf-chapter ~ section.preln-pdf-chapter { break-before: page; }")
+    rules.append(SPEECH_CSS)
     return "<style>@media print {\n" + "\n".join(rules) + "\n}</style>"
 
 
@@ -244,6 +294,7 @@ def make_pdf(out: Path = OUT, names: list[str] | None = None, verbose: bool = Tr
                 sys.exit(f"make pdf: images that did not load: {broken}")
             page.evaluate("() => document.fonts.ready.then(() => true)")
             titles = page.evaluate(HEADINGS_JS)
+            speech, images = page.evaluate(FORMULAS_JS)   # after the headings' text is read
             if verbose:
                 print(f"make pdf: {len(names)} chapters laid out, {len(titles)} headings, "
                       f"{time.perf_counter() - t0:.0f} s", flush=True)
@@ -260,6 +311,12 @@ def make_pdf(out: Path = OUT, names: list[str] | None = None, verbose: bool = Tr
     # append() or merge_page would drop the structure tree.
     writer = PdfWriter(io.BytesIO(pdf), incremental=True)
     n_bookmarks = _outline_titles(writer, titles)
+    tagged = _formulas(writer, set(speech), set(images))
+    n_formulas = sum(tagged.values())
+    untagged = Counter(speech) - tagged
+    if untagged:
+        sys.exit(f"make pdf: {len(speech)} formulas, {n_formulas} tagged as /Formula with their speech; "
+                 f"not: {sorted(untagged)[:5]}")
     writer.add_metadata({"/Title": book, "/Author": AUTHOR, "/Subject": "The preln book, every chapter in one PDF"})
     writer._root_object[NameObject("/Lang")] = TextStringObject(LANG)
     writer.create_viewer_preferences()
@@ -271,7 +328,8 @@ def make_pdf(out: Path = OUT, names: list[str] | None = None, verbose: bool = Tr
     if publish:
         shutil.copyfile(out, site / IN_SITE)
     if verbose:
-        print(f"make pdf: {len(writer.pages)} pages, {n_bookmarks} bookmarks, {out.stat().st_size / 1e6:.1f} MB, "
+        print(f"make pdf: {len(writer.pages)} pages, {n_bookmarks} bookmarks, {n_formulas} formulas, "
+              f"{out.stat().st_size / 1e6:.1f} MB, "
               f"{time.perf_counter() - t0:.0f} s -> {out}" + (f" and {site / IN_SITE}" if publish else ""))
     return out
 

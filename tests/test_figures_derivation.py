@@ -5,6 +5,7 @@ from matplotlib.figure import Figure
 
 from preln import BlockConfig, TransformerBlock
 from preln.chapters.figures import all_explorables
+from preln.nb import ALT_MAX, describe
 from preln.chapters.figures import derivation as figs
 from preln.gradcheck import numerical_gradient, rel_error
 from preln.ops import attention_forward, layer_norm_forward
@@ -33,6 +34,21 @@ def test_static_plots_are_labelled_figures():
     assert_labelled(figs.plot_gelu())
     assert_labelled(figs.plot_layernorm_graph())
     assert_labelled(figs.plot_eps_placement(8))
+
+
+def test_static_plots_carry_short_alts_with_their_results():
+    """Each plot's alt fits ALT_MAX without a cut, has no TeX, and quotes numbers of the data it got."""
+    steps = 10.0 ** -np.arange(1, 9)
+    plots = {"lowest at h = 1e−5": figs.plot_step_sweep(steps, np.abs(np.log10(steps) + 5) + 1e-3),
+             "d_h from 64 to 128": figs.plot_qk_variance([64, 128]),
+             "x from −3 to 3": figs.plot_gelu(-3.0, 3.0),
+             "x-hat": figs.plot_layernorm_graph(),
+             "0.968 = √(15/16)": figs.plot_eps_placement(16)}
+    for expected, fig in plots.items():
+        alt, description = describe(fig)
+        assert len(alt) <= ALT_MAX and "…" not in alt and alt.endswith("."), alt
+        assert expected in alt and description.endswith("."), alt
+        assert not set("$\\{}") & set(alt + description), "TeX in the words"
 
 
 def test_explorables_registered_and_every_frame_is_a_labelled_figure():

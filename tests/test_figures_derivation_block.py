@@ -6,6 +6,7 @@ from matplotlib.figure import Figure
 
 from preln import BlockConfig, TransformerBlock
 from preln.chapters.figures import all_explorables
+from preln.nb import ALT_MAX, describe
 from preln.chapters.figures import derivation_block as figs
 from preln.gradcheck import numerical_gradient, rel_error
 from tests.figure_checks import assert_labelled
@@ -99,6 +100,21 @@ def test_plots_are_labelled_figures():
     assert isinstance(fig, Figure) and len(fig.axes) == 2
     texts = [t.get_text() for ax in fig.axes for t in ax.texts]
     assert texts.count("LN") == 8 and "final LN" in texts     # 4 branch LNs + 4 on Post-LN's stream
+
+
+def test_plots_describe_the_data_they_were_given():
+    ps = [0.2, 0.5]
+    figures = {"crosses 6 LayerNorms": figs.plot_stack_diagram(n_layers=3),
+               "after 2 Pre-LN blocks": figs.plot_final_norm_scaling(figs.final_norm_scaling((1, 4), n_layers=2)),
+               "p from 0.2 to 0.5": figs.plot_dropout_moments(ps, [figs.dropout_moments(p, np.ones(3), 100) for p in ps]),
+               "padding moves outputs": figs.plot_batchnorm(figs.bn_running_trace(n_steps=5),
+                                                            figs.bn_train_eval_gap((2, 4), n_batches=5), (2, 4),
+                                                            figs.bn_padding_effect((0, 4)))}
+    for expected, fig in figures.items():
+        alt, description = describe(fig)
+        assert expected in alt and len(alt) <= ALT_MAX and "…" not in alt, alt
+        assert description.endswith(".") and "$" not in alt + description
+    assert "LayerNorm's change is exactly 0" in description
 
 
 def test_explorables_registered_and_frames_are_labelled():

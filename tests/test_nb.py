@@ -19,3 +19,15 @@ def test_falls_back_to_showing_the_value(monkeypatch, capsys):
 def test_name_must_be_a_string():
     with pytest.raises(TypeError, match="name: expected a non-empty string"):
         nb.glue(3, 1.0)
+
+
+def test_sig_says_a_number_at_its_precision():
+    from preln.nb import sig
+
+    said = [sig(v) for v in (0.634, 99.7, 65504, 4.73e-4, 1e-5, 3.4e38, -0.53, 0.0, 2.14e6)]
+    assert said == ["0.63", "100", "66000", "4.7e−4", "1e−5", "3.4e38", "−0.53", "0", "2.1e6"]
+    assert sig(0.8, zeros=True) == "0.80" and sig(4.0, zeros=True) == "4.0" and sig(0.8) == "0.8"
+    assert sig(65504, 3) == "65500" and sig(float("nan")) == "NaN" and sig(float("-inf")) == "−infinity"
+    from preln.nb import listed
+
+    assert listed(["a", "b", "c"]) == "a, b and c" and listed(["a"]) == "a" and listed([]) == ""

@@ -1,4 +1,5 @@
 """preln.chapters.viz: the style, deterministic PNGs and the kernel-free explorables."""
+import base64
 import json
 import re
 
@@ -328,3 +329,36 @@ def test_the_site_build_fixes_the_bibliography_role():
     html = '<div role="list" class="citation-list"><div class="citation" id="id1" role="doc-biblioentry">x</div></div>'
     fixed = site.fix_markup(html)
     assert "doc-biblioentry" not in fixed and 'class="citation" id="id1" role="listitem"' in fixed
+
+
+def test_the_site_gives_a_figure_the_words_of_its_notebook_output():
+    """The site shows a figure's PNG (myst-nb names the file by its SHA-256) with the alt and the
+    description that preln.nb wrote into the output's HTML copy: the words are written once."""
+    import hashlib
+
+    from preln import nb
+
+    site = _site_extension()
+    fig = side_plot(1.0, "left")
+    nb.set_alt(fig, "A tanh curve of slope 1 & centred left.", "It rises from −1 to 1 <steeply>.")
+    plain = nb.set_alt(side_plot(2.0, "left"), "A steeper curve.")
+    outputs = [{"output_type": "display_data", "metadata": meta, "data": data}
+               for data, meta in (nb.figure_bundle(fig), nb.figure_bundle(plain))]
+    plt.close("all")
+    words = site.figure_words({"cells": [{"cell_type": "code", "outputs": outputs}]})
+    sha = [hashlib.sha256(base64.b64decode(o["data"]["image/png"])).hexdigest() for o in outputs]
+    assert set(words) == set(sha)
+    page = (f'<a class="reference internal image-reference" href="../_images/{sha[0]}.png"><img alt="../_images/'
+            f'{sha[0]}.png" src="../_images/{sha[0]}.png" style="width: 562px;" />\n</a>\n<p>text</p>'
+            f'<img alt="" src="../_images/{sha[1]}.png" />'
+            f'<img alt="a logo" src="../_static/logo.png" />')
+    out = site.apply_figure_words(page, words)
+    imgs = re.findall(r"<img [^>]*>", out)
+    assert 'alt="A tanh curve of slope 1 &amp; centred left."' in imgs[0]
+    did = re.search(r'aria-describedby="([^"]+)"', imgs[0]).group(1)
+    # the description follows the link, not inside it (a link holds the image only)
+    assert re.search(rf'</a><details class="preln-figure-description"><summary>[^<]+</summary>'
+                     rf'<p id="{did}">It rises from −1 to 1 &lt;steeply&gt;.</p></details>\n<p>text</p>', out)
+    assert 'alt="A steeper curve."' in imgs[1] and "aria-describedby" not in imgs[1]
+    assert imgs[2] == '<img alt="a logo" src="../_static/logo.png" />', "other images are left alone"
+    assert site.apply_figure_words(page, {}) == page

@@ -25,6 +25,11 @@
 - The site's root `index.html` is a page of its own (title, language, the contents, a link to the
   first page), not the one-line meta-refresh sphinx-external-toc writes; a `404.html` (for a web
   server's "not found") is another. Both are small self-contained pages in the theme's colours.
+- A figure's words are written once, by the code that draws it (preln.nb.set_alt): a notebook's
+  figure output holds the PNG the site shows and an HTML copy with its alt and longer description
+  (what JupyterLab shows). The site reads them from that copy, matched to the PNG by its bytes'
+  SHA-256, which myst-nb names the file by: the image gets the alt, and a description in a
+  `<details>` after it that the image names with aria-describedby.
 - A student notebook downloads as `<name>_assignment.ipynb`, not under the chapter's own
   `<name>.ipynb` (the chapter page's download button): saved in one folder, neither replaces the
   other. Sphinx names a download after its file, which keeps nbgrader's name
@@ -132,6 +137,65 @@ def fix_markup(html: str) -> str:
     return re.sub(r'<th class="(head[^"]*)"', r'<th scope="col" class="\1"', html)
 
 
+# ---- figure alt text and descriptions, from the notebook's HTML copy ---------------------------
+
+_HTML_ALT = re.compile(r'<img\b[^>]*\balt="([^"]*)"')
+_HTML_DESCRIPTION = re.compile(r'<details class="preln-figure-description">.*?</details>', re.S)
+_SITE_IMG = re.compile(r'<img\b[^>]*\bsrc="[^"]*/([0-9a-f]{64})\.png"[^>]*>')
+_IMAGE_LINK_END = re.compile(r'\s*</a>')
+
+
+def figure_words(notebook: dict) -> dict:
+    """{sha256 of a figure output's PNG: (alt, description <details> or None)}, both as HTML (escaped
+    as preln.nb.image_bundle wrote them), for every output with image/png and an HTML <img alt>."""
+    words = {}
+    for cell in notebook.get("cells", []):
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            page = "".join(data.get("text/html", ""))
+            alt = _HTML_ALT.search(page)
+            if "image/png" not in data or not alt:
+                continue
+            png = base64.b64decode("".join(data["image/png"]))
+            description = _HTML_DESCRIPTION.search(page)
+            words[hashlib.sha256(png).hexdigest()] = (alt.group(1), description and description.group(0))
+    return words
+
+
+def _book_figure_words(app) -> dict:
+    """figure_words of every notebook in the book (a figure may be glued into another page)."""
+    if not hasattr(app, "_preln_figure_words"):
+        words = {}
+        for docname in sorted(app.env.found_docs):
+            path = Path(app.env.doc2path(docname))
+            if path.suffix == ".ipynb":
+                words.update(figure_words(json.loads(path.read_text(encoding="utf-8"))))
+        app._preln_figure_words = words
+    return app._preln_figure_words
+
+
+def apply_figure_words(html: str, words: dict) -> str:
+    """Give each figure <img> of ``html`` (src .../<sha256>.png) its alt from ``words``, and its
+    description: a <details> after the image (after its full-size link), named by aria-describedby."""
+    out, pos = [], 0
+    for m in _SITE_IMG.finditer(html):
+        if m.group(1) not in words:
+            continue
+        alt, description = words[m.group(1)]
+        tag = re.sub(r'\balt="[^"]*"', lambda _: f'alt="{alt}"', m.group(0), count=1)
+        if ' alt="' not in tag:
+            tag = tag.replace("<img", f'<img alt="{alt}"', 1)
+        end = m.end()
+        if description:
+            did = re.search(r'<p id="([^"]+)"', description).group(1)
+            tag = tag.replace("<img", f'<img aria-describedby="{did}"', 1)
+            link_end = _IMAGE_LINK_END.match(html, end)
+            end = link_end.end() if link_end else end
+        out += [html[pos:m.start()], tag, html[m.end():end], description or ""]
+        pos = end
+    return "".join(out) + html[pos:]
+
+
 def rewrite_body(app, pagename, templatename, context, doctree):
     body = context.get("body")
     if not body or app.builder.format != "html":
@@ -139,6 +203,8 @@ def rewrite_body(app, pagename, templatename, context, doctree):
     pathto = context["pathto"]
     if "preln-explorable-data" in body:
         body = extract_frames(body, Path(app.outdir), lambda path: pathto(path, 1))
+    if "_images/" in body:
+        body = apply_figure_words(body, _book_figure_words(app))
     context["body"] = fix_markup(body)
 
 

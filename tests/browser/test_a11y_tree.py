@@ -70,11 +70,11 @@ def landmarks(page) -> list[str]:
     return [f"{_role(n)}: {_name(n)!r}" for n in ax_nodes(page) if _role(n) in LANDMARK_ROLES]
 
 
-def wait_for_speech(page, name):
+def _check_speech(page, name):
+    """After sitebrowser.settle (which waits for speech, and raises if it failed or timed out): a
+    page with formulas has them all named ("none" would mean preln-site.js found no formula)."""
     if not page.locator("mjx-container").count():
         return
-    page.wait_for_function("() => ['done', 'failed', 'none'].includes(document.documentElement.dataset.prelnSpeech)",
-                           timeout=SPEECH_MS)
     state = page.evaluate("() => document.documentElement.dataset.prelnSpeech")
     assert state == "done", f"{name}: formula speech {state} (preln-site.js, MathJax semantic-enrich)"
 
@@ -167,8 +167,8 @@ def test_accessibility_tree(open_page, name):
             problems.append(str(err))
 
     page, log = open_page(name)
-    sitebrowser.settle(page)
-    check(wait_for_speech, page, name)
+    sitebrowser.settle(page, speech_ms=SPEECH_MS)
+    check(_check_speech, page, name)
     check(_check_landmarks, page, name, 1280)
     check(_check_no_glyphs, page, name)
     check(_check_math, page, name)

@@ -4,8 +4,9 @@ Its text (extracted with pypdf) holds every chapter's title and every figure cap
 the explorables' captions with the settings of the frame printed, and no navigation; each chapter
 has a bookmark and starts a page; formulas are typeset (no TeX source left) and the figures are
 there. It is tagged (issue 24): one structure tree with every chapter's headings, its tables and
-its figures' alt text, the language and title set, and bookmarks that are the headings' plain
-text, formulas included. Pages come from _toc.yml.
+its figures' alt text, its formulas as /Formula elements named by their speech, the language and
+title set, and bookmarks that are the headings' plain text, formulas included. Pages come from
+_toc.yml.
 """
 from __future__ import annotations
 
@@ -237,6 +238,15 @@ def test_the_structure_has_chapters_sections_tables_and_figures_with_alt():
     assert described >= 10, f"only {described} images with alt text in the site's chapters"
     assert len(images) >= described, f"{described} images with alt text in the site, {len(images)} Figure elements"
     assert not no_alt, f"{len(no_alt)} of {len(images)} figures in the PDF have no /Alt"
+    # every formula of the site's chapters a /Formula element, named by its speech (MathJax's
+    # semantic-enrich, as the site speaks it), not TeX
+    formulas = [e for e in elements if e["/S"] == "/Formula"]
+    in_site = _article_count(r'class="math notranslate nohighlight"')
+    assert len(formulas) >= in_site > 100, f"{in_site} formulas in the site's chapters, {len(formulas)} /Formula elements"
+    unnamed = [i for i, e in enumerate(formulas) if not str(e.get("/Alt", "")).strip()]
+    assert not unnamed, f"{len(unnamed)} of {len(formulas)} formulas in the PDF have no /Alt"
+    tex = [str(e["/Alt"])[:60] for e in formulas if "\\" in str(e["/Alt"])]
+    assert not tex, f"formulas named by their TeX source: {tex[:3]}"
 
 
 def _site_headings() -> list[tuple[str, bool]]:

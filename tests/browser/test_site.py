@@ -28,6 +28,7 @@ from tests.book_toc import toc_files
 from tests.browser.browser_checks import (AXE_JS, assert_clean, axe_version, axe_violations,
                                           check_explorables, check_math, scroll_regions,
                                           scrolls_sideways, sitebrowser)
+from preln import nb
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.browser
@@ -101,6 +102,16 @@ def _check_images(page, name):
     missing = page.evaluate("""() => Array.from(document.querySelectorAll('.bd-article img'))
         .filter(i => !(i.getAttribute('alt') || '').trim()).map(i => i.src.slice(0, 80))""")
     assert not missing, f"{name}: images without alt text: {missing}"
+    # a figure's alt is short (a screen reader reads it whole); the rest is a description it names
+    figures = page.evaluate("""() => Array.from(document.querySelectorAll('.bd-article .cell_output img'))
+        .map(i => { const d = i.getAttribute('aria-describedby');
+                    const p = d && document.getElementById(d);
+                    return {src: i.src.slice(-20), alt: i.alt, described: d, found: !!p,
+                            words: p ? p.textContent.trim().length : 0}; })""")
+    long = [f["src"] for f in figures if len(f["alt"]) > nb.ALT_MAX]
+    assert not long, f"{name}: figure alts over {nb.ALT_MAX} characters: {long}"
+    dangling = [f["src"] for f in figures if f["described"] and not (f["found"] and f["words"])]
+    assert not dangling, f"{name}: aria-describedby names no description: {dangling}"
     page.evaluate("""() => Promise.all(Array.from(document.querySelectorAll('.bd-article img'))
         .map(i => { i.loading = 'eager'; return i.decode().catch(() => null); }))""")
     broken = page.evaluate("""() => Array.from(document.querySelectorAll('.bd-article img'))
@@ -171,6 +182,27 @@ def test_page(open_page, screenshot_dir, name):
 def test_toc_pages_are_built(site_url):
     missing = [p for p in PAGES if not (ROOT / "_build" / "html" / f"{p}.html").is_file()]
     assert not missing, f"pages in _toc.yml that the build did not produce: {missing}"
+
+
+# What a formula that swallowed prose looks like: a `$` paired with the wrong one (a `$$` block
+# inside a list item's paragraph, or a line inside `$...$` that starts "+ " and so a list item)
+# turns the text between formulas into math, which MathJax spells letter by letter.
+_MATH = re.compile(r'<span class="math notranslate nohighlight">\\\((.*?)\\\)</span>', re.S)
+_PROSE_IN_MATH = re.compile(r"\b(the|and|of|is|to|in|are)\s+[a-z]{3,}\s+[a-z]{3,}")
+_TEXT_COMMANDS = re.compile(r"\\(text|mathrm|operatorname|textrm|mbox)\{[^}]*\}")
+
+
+def test_no_formula_swallows_prose():
+    swallowed = {}
+    for name in PAGES:
+        page = (sitebrowser.SITE / f"{name}.html").read_text(encoding="utf-8")
+        bad = [m.group(1)[:60] for m in _MATH.finditer(page)
+               if _PROSE_IN_MATH.search(_TEXT_COMMANDS.sub("", m.group(1)))]
+        if bad:
+            swallowed[name] = bad
+    assert not swallowed, f"prose typeset as math (a mismatched $): {swallowed}"
+    # the check can fail: it finds the mismatch it was written for
+    assert _PROSE_IN_MATH.search(r") and writes them back. Block sizes ")
 
 
 def test_axe_is_the_audited_version():

@@ -11,8 +11,8 @@ every callback.
 """
 import importlib
 
-CHAPTERS = ("derivation", "derivation_block", "modern_block", "shape_flow", "precision", "int8", "inference",
-            "preln_vs_postln", "many_devices")
+CHAPTERS = ("derivation", "derivation_block", "modern_block", "real_model", "shape_flow", "precision", "int8",
+            "inference", "preln_vs_postln", "many_devices")
 
 
 def all_explorables():

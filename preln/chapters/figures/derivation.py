@@ -29,6 +29,7 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from preln.nb import set_alt, short_alt, sig
 from preln.ops import (activation_forward, attention_forward, layer_norm_forward, linear_forward,
                    merge_heads, softmax, split_heads)
 from preln.chapters.viz import PALETTE, control, table_caption
@@ -36,14 +37,15 @@ from preln.chapters.viz import PALETTE, control, table_caption
 __all__ = [
     "FORWARD_STEPS", "MASKS", "Table", "forward_steps", "intermediate_loss", "param_loss",
     "step_sweep", "qk_logit_stats", "softmax_saturation", "gelu_difference", "masked_attention",
-    "jacobian_via_backward", "row_stats", "plot_step_sweep", "plot_qk_variance",
-    "plot_qk_scaling", "plot_attention_masks", "plot_gelu", "plot_row_stats", "plot_jacobians",
+    "plot_step_sweep", "plot_qk_variance", "plot_qk_scaling", "plot_attention_masks", "plot_gelu",
     "LN_GRAPH_NODES", "LN_GRAPH_EDGES", "plot_layernorm_graph", "online_softmax_trace",
     "tiling_example", "plot_online_softmax", "online_softmax_alt", "layer_norm_output_std",
     "plot_eps_placement", "EXPLORABLES",
 ]
 
 BLUE, VERMILLION, GREEN, ORANGE, SKY, PURPLE, BLACK, YELLOW = PALETTE
+
+
 
 
 # ---- the Pre-LN forward, split into named intermediates ----------------------------------------
@@ -154,7 +156,21 @@ def plot_step_sweep(steps, errors, chosen=1e-6) -> Figure:
     ax.set_ylabel("relative error (dimensionless)")
     ax.set_title("Gradient check: error vs step")
     ax.legend(loc="upper center")
-    return fig
+    i, big = int(np.argmin(errors)), int(np.argmax(steps))
+    # the lowest error is round-off level: name the step where it is, not its digits; the error at
+    # the largest step is truncation, stable to its digits
+    shape = (f"a V-shaped valley, lowest at h = {sig(steps[i])}" if 0 < i < len(steps) - 1 else
+             f"no valley inside the range: lowest at its end, h = {sig(steps[i])}")
+    alt = (f"Log-log plot of the LayerNorm gradient-check error against the step h from {sig(steps[0])} "
+           f"to {sig(steps[-1])}: {shape}.")
+    description = (f"Blue circles: the relative error between the LayerNorm backward and central differences "
+                   f"for each finite-difference step h, from {sig(steps[0])} to {sig(steps[-1])}, both axes "
+                   f"logarithmic. At h = {sig(steps[big])} the error is {sig(errors[big])}. Two reference lines: "
+                   f"truncation error proportional to h squared (dashed orange), which dominates for large "
+                   f"steps, and round-off error proportional to u/h (dotted vermillion, u = {sig(u)} the "
+                   f"unit round-off of float64), which dominates for tiny steps. The error shows {shape}; a "
+                   f"vertical line marks the chosen step, h = {sig(chosen)}.")
+    return set_alt(fig, short_alt(alt), description)
 
 
 # ---- why 1/sqrt(d_h) -------------------------------------------------------------------------
@@ -218,7 +234,20 @@ def plot_qk_variance(d_hs, n_keys=16) -> Figure:
     ax2.set_ylabel("mean row entropy (nats)")
     ax2.set_title(f"Softmax over {n_keys} keys")
     ax2.legend()
-    return fig
+    var, var_s = [s["var"] for s in stats], [s["var_scaled"] for s in stats]
+    ent_u, ent_s = [s["unscaled"]["entropy"] for s in sat], [s["scaled"]["entropy"] for s in sat]
+    widths = f"d_h from {d_hs[0]} to {d_hs[-1]}"
+    alt = (f"Over {widths}, the variance of q·k grows like d_h ({var[0]:.3g} to {var[-1]:.3g}), scaled it "
+           f"stays near 1; unscaled softmax entropy falls to {ent_u[-1]:.2g} nats.")
+    description = (f"Two panels over the head width {widths}, on a log axis. Left, log-log: the sample "
+                   f"variance of the logit q·k of random unit-variance q and k, from {var[0]:.3g} to "
+                   f"{var[-1]:.3g}, follows the dashed line variance = d_h, while the variance of the "
+                   f"scaled logits q·k/√d_h stays between {min(var_s):.2f} and {max(var_s):.2f}. Right: "
+                   f"the mean entropy of a softmax row over {n_keys} keys. With the scale it stays between "
+                   f"{min(ent_s):.2f} and {max(ent_s):.2f} nats (the uniform row's maximum, ln {n_keys} = "
+                   f"{np.log(n_keys):.2f}, is dashed); without it, it falls from {ent_u[0]:.2f} to "
+                   f"{ent_u[-1]:.2f} nats as d_h grows: the softmax saturates.")
+    return set_alt(fig, short_alt(alt), description)
 
 
 # Sample sizes of the explorable's frames, small enough that a frame takes well under 100 ms.
@@ -381,7 +410,17 @@ def plot_gelu(lo=-5.0, hi=5.0) -> Figure:
     ax2.set_ylabel("tanh form − exact (dimensionless)")
     ax2.set_title(f"Difference, max |·| = {d['max_abs']:.2e} at x = ±{d['x_at_max']:.2f}", fontsize=10)
     ax2.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
-    return fig
+    g = gelu(x)
+    at = f"x = ±{d['x_at_max']:.2f}" if d["x_at_max"] else "x = 0"
+    alt = (f"Exact GELU and its tanh form over ReLU, x from {sig(lo)} to {sig(hi)}: the curves overlap; "
+           f"they differ by at most {sig(d['max_abs'])}, at {at}.")
+    description = (f"Left: the exact GELU, x Φ(x), and its tanh approximation, drawn over ReLU (dotted) "
+                   f"for x from {sig(lo)} to {sig(hi)}. The two GELU curves cannot be told apart: close "
+                   f"to 0 for negative x, close to x for positive x, with a lowest value of "
+                   f"{sig(g.min())} at x = {sig(x[np.argmin(g)])} on this range. Right: their difference, "
+                   f"tanh form minus exact, a curve symmetric about x = 0 whose largest magnitude, "
+                   f"{sig(d['max_abs'])}, is at {at} (vertical lines).")
+    return set_alt(fig, short_alt(alt), description)
 
 
 # ---- LayerNorm backward as a computational graph ---------------------------------------------
@@ -451,7 +490,19 @@ def plot_layernorm_graph() -> Figure:
     ax.set_xlabel("forward: left to right; backward: right to left")
     ax.set_ylabel("row statistics (top)\nper-feature values (bottom)", fontsize=9)
     ax.set_title("LayerNorm of one row as a computational graph")
-    return fig
+    alt = ("LayerNorm of one row as a graph, x → mean → x − mean → variance → r → x-hat → y; the "
+           "backward runs each edge back, times its local derivative.")
+    description = (
+        "A computational graph read left to right, row statistics on top and per-feature values below. "
+        "The input x feeds the mean mu (edge label 1/D) and the difference x − mu (edge label I, the "
+        "identity); mu feeds x − mu (edge label −1). x − mu feeds the variance sigma squared (edge label "
+        "2(x − mu)/D) and the normalised x-hat (edge label r). The variance feeds r = (sigma squared + "
+        "eps) to the power −1/2 (edge label −r cubed / 2), and r feeds x-hat (edge label x − mu). x-hat "
+        "feeds y = gamma x-hat + beta (edge label gamma). Under each solid forward arrow a dashed arrow "
+        "points the other way: the backward pass, which multiplies the gradient by the edge's label. "
+        "Notes: d-beta is the sum of dy, d-gamma the sum of dy times x-hat, and dx is the sum over every "
+        "path back from y.")
+    return set_alt(fig, alt, description)
 
 
 # ---- the online softmax, tile by tile -------------------------------------------------------
@@ -623,7 +674,20 @@ def plot_eps_placement(d, eps_inside=1e-5, eps_outside=1e-6) -> Figure:
     ax.set_ylabel("std of the output row (dimensionless)")
     ax.set_title(f"Where eps goes, D = {d}")
     ax.legend(loc="center right")
-    return fig
+    bessel = np.sqrt((d - 1) / d)
+    # where each curve crosses one half (layer_norm_output_std = 1/2, solved for sigma)
+    half_in, half_out = np.sqrt(eps_inside / 3), eps_outside / (2 - 1 / bessel)
+    alt = (f"Output std against input row std, D = {d}: eps inside the root (PyTorch) levels off at 1, "
+           f"std + eps (Annotated Transformer) at {bessel:.3f} = √({d - 1}/{d}).")
+    description = (f"The standard deviation of a normalised row (0 to 1.1) against that of the input row, "
+                   f"on a log axis from 1e-8 to 10, for rows of D = {d}. The PyTorch curve, eps = "
+                   f"{sig(eps_inside)} inside the square root of the biased variance, is near 0 for tiny "
+                   f"inputs, rises through one half at an input std of {sig(half_in)} (vertical line at "
+                   f"√eps = {sig(np.sqrt(eps_inside))}) and levels off at 1. The Annotated Transformer "
+                   f"curve, eps = {sig(eps_outside)} added to the unbiased standard deviation, rises "
+                   f"through one half at {sig(half_out)} (vertical line at eps) and levels off at "
+                   f"{bessel:.3f}, the Bessel factor √({d - 1}/{d}), marked by a dotted line.")
+    return set_alt(fig, short_alt(alt), description)
 
 
 # ---- a table without pandas --------------------------------------------------------------------

@@ -22,6 +22,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Circle, FancyArrowPatch, FancyBboxPatch
 
+from preln.nb import set_alt, short_alt, sig
 from preln.nn.block import TransformerBlock
 from preln.nn.config import BlockConfig
 from preln.ops import BatchNorm1d, batchnorm_forward, dropout_forward, layer_norm_forward
@@ -212,7 +213,19 @@ def plot_stack_diagram(n_layers=2) -> Figure:
             ax.text(sx, y + 0.7, "y = x_L", ha="center", va="center", fontsize=10)
             ax.set_title(f"Post-LN: a LayerNorm after every addition\n"
                          f"({2 * n_layers} on every path from y to x₀)", fontsize=10)
-    return fig
+    blocks = f"{n_layers} block{'s' if n_layers != 1 else ''}"
+    alt = (f"Pre-LN and Post-LN stacks of {blocks}: Pre-LN's residual stream is one unbroken "
+           f"path to a final LayerNorm; Post-LN's crosses {n_sub} LayerNorms.")
+    description = (
+        f"Two diagrams side by side, read from bottom to top. Left, Pre-LN: the input x₀ enters a thick "
+        f"blue vertical line, the residual stream, which runs without interruption through {n_sub} "
+        f"addition nodes ({blocks}, each with an attention and an MLP sub-layer) up to x_L. At "
+        f"each node a branch leaves the stream to the right, passes a LayerNorm box and a sub-layer box f, "
+        f"and is added back. Above x_L the stream enters one vermillion final LayerNorm box, then the "
+        f"output y. Right, Post-LN: the same {n_sub} branches without their own LayerNorm, but after every "
+        f"addition node a vermillion LayerNorm box sits on the stream itself, {n_sub} in all, so every "
+        f"path from y down to x₀ crosses {n_sub} LayerNorms.")
+    return set_alt(fig, short_alt(alt), description)
 
 
 def final_norm_scaling(scales=(0.5, 1, 2, 4, 8, 16), n_layers=4, d_model=8, seq_len=5, seed=0):
@@ -256,7 +269,19 @@ def plot_final_norm_scaling(data) -> Figure:
     ax.set_ylabel("gradient norm / gain (dimensionless)")
     ax.set_title("Every gradient passes the final LayerNorm", fontsize=11)
     ax.legend()
-    return fig
+    slope = {k: f"{np.polyfit(np.log(rms), np.log(data[k]), 1)[0]:.2f}".replace("-", "−")
+             for k in ("grad_norm", "ln_gain")}
+    alt = (f"Log-log against rms(x_L) after {data['n_layers']} Pre-LN blocks: input gradient norm and final "
+           f"LayerNorm gain fall like 1/rms, slopes {slope['grad_norm']} and {slope['ln_gain']}.")
+    description = (
+        f"Log-log plot against rms(x_L), the scale of the residual stream after {data['n_layers']} Pre-LN "
+        f"blocks, over {len(rms)} input scales ({data['scales'].min():g} to {data['scales'].max():g}), which "
+        f"give rms(x_L) from {rms.min():.2f} to {rms.max():.3g}. Blue circles: the norm of the gradient at "
+        f"the input x₀, from {data['grad_norm'][0]:.2f} to {data['grad_norm'][-1]:.2f}, fitted slope "
+        f"{slope['grad_norm']}. Vermillion squares: the largest singular value of the final LayerNorm's "
+        f"Jacobian, falling in parallel, fitted slope {slope['ln_gain']}. A dotted black reference line "
+        f"of slope −1 (proportional to 1/rms(x_L)) runs through the first blue point.")
+    return set_alt(fig, short_alt(alt), description)
 
 
 # ---- dropout ----------------------------------------------------------------------------------------
@@ -294,7 +319,19 @@ def plot_dropout_moments(ps, moments) -> Figure:
     ax.set_ylabel("ratio to the input (dimensionless)")
     ax.set_title("Inverted dropout: the mean is kept, the energy is not", fontsize=11)
     ax.legend()
-    return fig
+    means = [m["mean_ratio"] for m in moments]
+    seconds = [m["second_ratio"] for m in moments]
+    p_list = ", ".join(f"{p:g}" for p in ps)
+    off = max(abs(m - 1) for m in means)     # the sampling noise of the measured means
+    alt = (f"Inverted dropout, p from {min(ps):g} to {max(ps):g}: measured E[out]/x stays within {sig(off, 1)} "
+           f"of 1, E[out²]/x² follows 1/(1−p) up to {seconds[-1]:.2f}.")
+    description = (
+        f"Plot against the drop probability p from 0 to {max(ps):g}, log y axis. A flat blue line at 1, with "
+        f"blue circles at p = {p_list}: the measured mean of out/x, "
+        + ", ".join(f"{m:.3f}" for m in means) + ". A rising vermillion curve 1/(1−p), from 1 to "
+        f"{1 / (1 - max(ps)):.3g}, with vermillion squares: the measured mean of out squared over x squared, "
+        + ", ".join(f"{m:.2f} against {1 / (1 - p):.3g}" for m, p in zip(seconds, ps)) + ".")
+    return set_alt(fig, short_alt(alt), description)
 
 
 # ---- BatchNorm vs LayerNorm ------------------------------------------------------------------------
@@ -367,6 +404,11 @@ def bn_padding_effect(pad_counts=(0, 4, 8, 16, 24), batch=4, seq_len=8, channels
     return {"pad_fraction": frac, "bn": np.array(bn_err), "ln": np.array(ln_err)}
 
 
+def _exactly_zero(values):
+    """LayerNorm's differences in words: "exactly 0", which the experiments show, else their largest."""
+    return "exactly 0" if not np.any(values) else f"at most {np.max(np.abs(values)):.2g}"
+
+
 def plot_batchnorm(trace, gap, batch_sizes, pad) -> Figure:
     """Three panels: running statistics, the train/eval gap vs batch size, padding."""
     fig = Figure(figsize=(10.5, 3.5))
@@ -379,7 +421,8 @@ def plot_batchnorm(trace, gap, batch_sizes, pad) -> Figure:
     ax1.axhline(POP_STD, color=VERMILLION, ls=":", lw=1)
     ax1.set_xlabel("training step (batch)")
     ax1.set_ylabel("channel 0 statistic (input units)")
-    ax1.set_title("Running statistics (momentum 0.1)", fontsize=10)
+    momentum = trace["bn"].momentum
+    ax1.set_title(f"Running statistics (momentum {momentum:g})", fontsize=10)
     ax1.legend()
     ax2.loglog(batch_sizes, gap["bn"], "o-", color=VERMILLION, label="BatchNorm")
     ax2.plot(batch_sizes, gap["bn"][0] * np.sqrt(batch_sizes[0] / np.asarray(batch_sizes)), ":",
@@ -398,7 +441,24 @@ def plot_batchnorm(trace, gap, batch_sizes, pad) -> Figure:
     ax3.set_ylabel("max change of a real token's output")
     ax3.set_title("Zero padding in the statistics", fontsize=10)
     ax3.legend()
-    return fig
+    mean, std = trace["mean"][-1], np.sqrt(trace["var"][-1])
+    slope = np.polyfit(np.log(batch_sizes), np.log(gap["bn"]), 1)[0] if len(batch_sizes) > 1 else np.nan
+    alt = (f"BatchNorm: running mean and std settle at {mean:.2f} and {std:.2f}; the train/eval gap falls with "
+           f"batch size, slope {sig(slope)}; padding moves outputs up to {pad['bn'].max():.2f}.")
+    description = (
+        f"Three panels. Left: over {steps[-1]} training steps (momentum {momentum:g}), the running mean of "
+        f"channel 0 (blue) moves from {trace['mean'][0]:g} and the square root of the running variance "
+        f"(vermillion) from {np.sqrt(trace['var'][0]):g}, ending at {mean:.2f} and {std:.2f}, near the "
+        f"population values {POP_MEAN:g} and {POP_STD:g} (dotted lines), with the scattered batch means "
+        f"(light blue dots) around them. Middle: log-log plot of the mean absolute difference between "
+        f"BatchNorm's training-mode and eval-mode outputs against the batch size from {min(batch_sizes)} to "
+        f"{max(batch_sizes)}, falling from {gap['bn'][0]:.2f} to {gap['bn'][-1]:.2f}, fitted slope "
+        f"{sig(slope)} (the dotted line falls like 1/√n, slope −0.5); LayerNorm's gap is "
+        f"{_exactly_zero(gap['ln'])}. Right: the largest "
+        f"change of a real token's BatchNorm output when zero padding tokens enter the statistics, from "
+        f"{pad['bn'][0]:.2f} to {pad['bn'][-1]:.2f} as the padded fraction of the batch goes from "
+        f"{pad['pad_fraction'][0]:.2f} to {pad['pad_fraction'][-1]:.2f}, while LayerNorm's change is {_exactly_zero(pad['ln'])}.")
+    return set_alt(fig, short_alt(alt), description)
 
 
 def bn_token_outputs(batch_size=8, pad_fraction=0.0, channels=8, seed=0):

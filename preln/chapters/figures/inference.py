@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from preln.nn.config import BlockConfig
-from preln.chapters.inference import PUBLISHED, decode_cost, kv_cache_bytes, step_ops
+from preln.chapters.inference import PUBLISHED, compute_bound_batch, decode_cost, kv_cache_bytes, step_ops
 from preln.chapters.viz import PALETTE, control
 from preln.nb import set_alt, short_alt
 
@@ -330,13 +330,14 @@ def plot_decode_ops(models, machines, context, batches=None):
     axes = np.atleast_1d(axes)
     styles = {"qkv_proj": (PALETTE[0], "-"), "out_proj": (PALETTE[2], "--"),
               "mlp": (PALETTE[4], "-."), "attention": (PALETTE[1], "-")}
+    attention = {}                                # each model's attention intensities: the words
     for ax, model in zip(axes, models):
         for op, label in _DECODE_OPS.items():
-            ys = []
-            for b in batches:
-                ops = {o.name: o for o in step_ops(model, int(b), 1, context, itemsize=2)}
-                ys.append(ops["down" if op == "mlp" and model.gated else
-                              "linear2" if op == "mlp" else op].intensity)
+            name = _step_op(model, op)
+            ys = [{o.name: o for o in step_ops(model, int(b), 1, context, itemsize=2)}[name].intensity
+                  for b in batches]
+            if op == "attention":
+                attention[model.name] = ys
             colour, ls = styles[op]
             ax.loglog(batches, ys, ls, color=colour, lw=1.8, label=label)
         for label, (roof, size) in machines.items():
@@ -352,7 +353,45 @@ def plot_decode_ops(models, machines, context, batches=None):
     for ax in axes:
         ax.set_ylabel("FLOPs per byte (16-bit)")
     axes[0].legend(loc="upper left", bbox_to_anchor=(0.0, 0.9))
-    return fig
+    # the smallest batch at which each weight matmul reaches each machine's ridge, if it is plotted
+    top = int(batches[-1])
+    cross = {label: [compute_bound_batch(model, roof, _step_op(model, op), context, itemsize=size,
+                                         max_batch=top)
+                     for model in models for op in _DECODE_OPS if op != "attention"]
+             for label, (roof, size) in machines.items()}
+    lowest = min((r.ridge * size / 2 for r, size in machines.values()), default=float("inf"))
+    below = all(max(ys) < lowest for ys in attention.values())
+
+    def span(values):                     # "160 to 345", or one value when they all round alike
+        lo, hi = f"{min(values):.3g}", f"{max(values):.3g}"
+        return lo if lo == hi else f"{lo} to {hi}"
+
+    flat = ", ".join(f"{span(ys)} ({name})" for name, ys in attention.items())
+    reached = {label: [b for b in bs if b is not None] for label, bs in cross.items()}
+    every = [b for bs in reached.values() for b in bs]
+    alt = (f"Decode-op FLOP/B against batch (context {context}): weight matmuls "
+           + (f"pass the ridges at batch {span(every)}" if every else f"pass no ridge up to batch {top}")
+           + f"; attention stays at {' and '.join(span(ys) for ys in attention.values())}"
+           + (", below all." if below else "."))
+    n = len(models)
+    description = (
+        f"{n} log-log panel{'s' if n > 1 else ''}, " + ", ".join(
+            f"{m.name} with " + ("multi-head attention" if m.group == 1 else
+                                 f"grouped-query attention ({m.n_kv_heads} KV heads)") for m in models)
+        + f", {'each ' if n > 1 else ''}plotting the arithmetic intensity in 16-bit of a decode step's ops "
+        f"against the batch size from {int(batches[0])} to {top} at a context of {context} tokens, with a "
+        "dotted line at each machine's ridge. The weight matmuls (q, k, v projection, out projection, MLP "
+        "matrices) rise with the batch, in proportion while it is small: " + "; ".join(
+            (f"they reach the ridge line of {label} at batch {span(bs)}" if bs else
+             f"they stay below the ridge line of {label} up to batch {top}") for label, bs in reached.items())
+        + f". Attention is a flat line at {flat} FLOPs per byte, "
+        + ("below every ridge at any batch." if below else "whatever the batch."))
+    return set_alt(fig, short_alt(alt), description)
+
+
+def _step_op(model, op):
+    """The step_ops name of a _DECODE_OPS entry: the MLP's second matrix (down in a gated MLP)."""
+    return ("down" if model.gated else "linear2") if op == "mlp" else op
 
 
 def plot_paged_memory(paged, reserved, block_size, max_len, bytes_per_position):
@@ -381,7 +420,24 @@ def plot_paged_memory(paged, reserved, block_size, max_len, bytes_per_position):
     bx.set_xlabel("scheduler step")
     bx.set_ylabel("sequences running")
     bx.legend(loc="upper right")
-    return fig
+    use, use_whole = stored.sum() / held.sum(), stored.sum() / whole.sum()
+    runs = {}                                     # per run: (steps, mean and peak batch)
+    for name, run in (("paged", paged), ("reserved", reserved)):
+        busy = [len(r.running) for r in run.steps if r.running]
+        runs[name] = (len(run.steps), np.mean(busy) if busy else 0.0, max(busy, default=0))
+    alt = (f"KV cache per step: paged blocks of {block_size} are {use:.0%} filled, reserved {max_len} each, "
+           f"{use_whole:.0%}; paged runs up to {runs['paged'][2]} sequences, done in {runs['paged'][0]} steps "
+           f"against {runs['reserved'][0]}.")
+    description = (
+        "Two panels over the scheduler steps of the same request stream. Top: KV-cache memory in KiB: the "
+        f"positions actually stored (a filled area with a dotted edge, at most {stored.max():.0f} KiB), the "
+        f"paged cache's blocks of {block_size} (a line just above it, at most {held.max():.0f} KiB; over the "
+        f"run {use:.0%} of what it holds is stored positions) and what reserving {max_len} positions per "
+        f"running sequence would hold (at most {whole.max():.0f} KiB, {whole.sum() / held.sum():.1f} times the "
+        "paged cache over the run). Bottom: the number of sequences running per step. " + " ".join(
+            f"{what}: {mean:.1f} on average and up to {peak}, finished after {n} steps." for what, (n, mean, peak)
+            in zip(("With the paged cache", "With max_len reserved per sequence in the same memory"), runs.values())))
+    return set_alt(fig, short_alt(alt), description)
 
 
 # ---- the explorable: decode on a published GPU ------------------------------------------------

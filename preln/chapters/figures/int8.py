@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 from preln.quant import int8 as quant
 from preln.chapters.viz import PALETTE, control
 from preln.chapters.figures.precision import Table
+from preln.nb import set_alt, short_alt
 
 __all__ = ["plot_bits_error", "plot_accumulators", "plot_op_errors", "plot_outlier_channels",
            "plot_sweeps", "plot_weight_bits_decode", "plot_matvec", "plot_weight_only",
@@ -23,6 +24,12 @@ __all__ = ["plot_bits_error", "plot_accumulators", "plot_op_errors", "plot_outli
            "activation_error_alt", "EXPLORABLES", "OUTLIER_CHANNEL"]
 
 BLUE, VERMILLION, GREEN, ORANGE, SKY, PURPLE, BLACK, YELLOW = PALETTE
+
+
+def _span(values, fmt=".3g"):
+    """"a to b" of the smallest and largest value, or one number where they print alike (alt text)."""
+    lo, hi = f"{np.min(values):{fmt}}", f"{np.max(values):{fmt}}"
+    return lo if lo == hi else f"{lo} to {hi}"
 
 
 def plot_bits_error(bits, errors):
@@ -40,7 +47,29 @@ def plot_bits_error(bits, errors):
     ax.set_xlabel("bits (symmetric absmax, q in [-(2$^{b-1}$-1), 2$^{b-1}$-1])")
     ax.set_ylabel("relative error ||W - deq(q(W))|| / ||W||\n(outlier weight excluded)", fontsize=9)
     ax.legend()
-    return fig
+    bits = np.asarray(bits)
+    step = np.median(np.concatenate([np.asarray(e[:-1]) / np.asarray(e[1:]) for e in errors.values()]))
+    at = list(bits).index(8) if 8 in bits else len(bits) - 1       # the width the chapter is about
+    # each outlier line against the line of the same granularity without it ("per tensor, one outlier")
+    blowup = {base: errors[label][at] / errors[base][at] for label in errors if "outlier" in label
+              for base in [label.split(",")[0]] if base in errors}
+    outlier = " and ".join(f"{r:.2g}× {base}" for base, r in blowup.items())
+    alt = (f"Quantised weight's relative error against bits, {bits.min()} to {bits.max()}: {step:.1f}× less per bit"
+           + (f"; at {bits[at]} bits one outlier makes it {outlier}" if blowup else "") + ".")
+    below = ""
+    if {"per tensor", "per channel"} <= set(errors):
+        n = int(np.sum(np.asarray(errors["per channel"]) <= np.asarray(errors["per tensor"])))
+        below = (" The per-channel line lies below the per-tensor one at "
+                 + ("every width." if n == len(bits) else f"{n} of the {len(bits)} widths."))
+    description = (f"Log-scale plot of the relative error of a weight matrix after symmetric absmax quantisation "
+                   f"against the bit width from {bits.min()} to {bits.max()}, one line each for: "
+                   f"{'; '.join(errors)} (the lines with an outlier dashed; the outlier weight itself is left out "
+                   f"of the error). From one bit to the next the error falls by a median factor of {step:.1f}, "
+                   f"about half per extra bit.{below}"
+                   + (f" At {bits[at]} bits one outlier multiplies the " + " and the ".join(
+                       f"{base.replace(' ', '-')} error by {r:.2g}" for base, r in blowup.items()) + "."
+                      if blowup else ""))
+    return set_alt(fig, short_alt(alt), description)
 
 
 def plot_accumulators(Ks, int16_wrong, f16_err, f32_err):
@@ -61,7 +90,20 @@ def plot_accumulators(Ks, int16_wrong, f16_err, f32_err):
     ax.set_xlabel("K, terms per dot product")
     ax.set_ylabel("dot products (%)")
     ax.legend(loc="upper left")
-    return fig
+    Ks, i16, f16, f32 = (np.asarray(a) for a in (Ks, int16_wrong, f16_err, f32_err))
+    most = Ks[i16 > 0.5]
+    f32_words = "float32 is exact at every K" if not f32.any() else f"float32 is wrong on up to {100 * f32.max():.2g} %"
+    alt = (f"Share of int8 dot products wrong per accumulator against K, {Ks[0]} to {Ks[-1]}: at the largest K "
+           f"int16 {100 * i16[-1]:.0f} %, float16 {100 * f16[-1]:.0f} %; {f32_words}.")
+    description = (f"Percentage of the dot products of int8 vectors, summed one term at a time, that an accumulator "
+                   f"gets wrong, against K, the number of terms per dot product, from {Ks[0]} to {Ks[-1]} (log scale). "
+                   f"An int16 accumulator wraps around: it is wrong on {100 * i16[0]:.2g} % at K = {Ks[0]}, "
+                   + (f"on most of them from K = {most[0]} on, " if most.size else "")
+                   + f"and on {100 * i16[-1]:.2g} % at K = {Ks[-1]}. A float16 accumulator rounds at every step; "
+                   f"it is off by more than 1 % of a typical result (or overflows to infinity) on "
+                   f"{100 * f16[0]:.2g} % at K = {Ks[0]} and {100 * f16[-1]:.2g} % at K = {Ks[-1]}. "
+                   f"{f32_words[0].upper() + f32_words[1:]}.")
+    return set_alt(fig, short_alt(alt), description)
 
 
 def plot_op_errors(ops, errors):
@@ -79,7 +121,22 @@ def plot_op_errors(ops, errors):
     ax.set_yscale("log")
     ax.set_ylabel("relative error vs float64")
     ax.legend(ncol=2)
-    return fig
+    err = np.array(list(errors.values()), dtype=float)            # (schemes, ops)
+    names = list(errors)
+    # where each scheme's error jumps most from one op to the next: where quantisation enters
+    jumps = {ops[1 + int(np.argmax(e[1:] / e[:-1]))] for e in err} if len(ops) > 1 else set()
+    high, low = names[int(np.argmax(err[:, -1]))], names[int(np.argmin(err[:, -1]))]
+    start = (f"below 1e-5 (round-off)" if err[:, 0].max() < 1e-5 else f"up to {err[:, 0].max():.2g}")
+    alt = (f"Relative error of each intermediate of the quantised block, {len(names)} schemes: "
+           + (f"it jumps at {jumps.pop()}; " if len(jumps) == 1 else "")
+           + f"at {ops[-1]}, {high} highest, {low} lowest.")
+    description = (f"Log-scale line plot of the relative error against float64 of each intermediate of the quantised "
+                   f"block, in forward order from {ops[0]} to {ops[-1]}, for the schemes {', '.join(names)}. "
+                   f"At {ops[0]} every scheme's error is {start}. Each scheme's largest jump from one op to the next "
+                   f"is at " + ", ".join(f"{ops[1 + int(np.argmax(e[1:] / e[:-1]))]} ({n})" for n, e in zip(names, err))
+                   + f". At {ops[-1]} the errors are "
+                   + ", ".join(f"{e[-1]:.2g} ({n})" for n, e in zip(names, err)) + ".")
+    return set_alt(fig, short_alt(alt), description)
 
 
 def plot_outlier_channels(before, after, channels):
@@ -97,7 +154,21 @@ def plot_outlier_channels(before, after, channels):
                   ", ".join(str(int(c)) for c in channels))
     ax.set_ylabel("max |h$_j$| over tokens")
     ax.legend(loc="upper left")
-    return fig
+    channels = [int(c) for c in channels]
+    before, after = np.asarray(before), np.asarray(after)
+    rest = np.delete(after, channels)
+    names = ", ".join(map(str, channels))
+    alt = (f"Largest LayerNorm 1 output per channel: after injection, channels {names} reach "
+           f"{_span(after[channels])}; the others stay at most {rest.max():.2g}.")
+    unchanged = np.allclose(rest, np.delete(before, channels))
+    description = (f"Bar chart, log scale, of the largest absolute LayerNorm 1 output over the tokens in each of "
+                   f"{len(before)} feature channels of layer 0, for the trained model and for the model with "
+                   f"outliers injected (the same function). In the trained model every channel's largest value is "
+                   f"at most {before.max():.2g}. After the injection channels {names} reach "
+                   f"{_span(after[channels])}, against the dotted LLM.int8 "
+                   f"threshold of 6, while the other channels are "
+                   + ("unchanged." if unchanged else f"at most {rest.max():.2g}."))
+    return set_alt(fig, short_alt(alt), description)
 
 
 def plot_sweeps(thresholds, ppl_thr, frac_thr, alphas, ppl_alpha, ppl_float, ppl_tensor):
@@ -118,7 +189,22 @@ def plot_sweeps(thresholds, ppl_thr, frac_thr, alphas, ppl_alpha, ppl_float, ppl
     bx.axhline(ppl_tensor, color=VERMILLION, ls="--", lw=1, label="per-tensor W8A8")
     bx.set_xlabel("migration strength alpha")
     bx.legend(loc="upper center")
-    return fig
+    ppl_thr, frac_thr, ppl_alpha = (np.asarray(a, dtype=float) for a in (ppl_thr, frac_thr, ppl_alpha))
+    near = ppl_thr < 1.01 * ppl_float                            # within 1 % of the float model
+    first_far = int(np.argmin(near)) if not near.all() else len(near)
+    near_words = (f"within 1 % of float up to threshold {thresholds[first_far - 1]:g}" if near[:first_far].any()
+                  and not near[first_far:].any() else f"within 1 % of float at {near.sum()} of {near.size} thresholds")
+    alt = (f"Held-out perplexity: LLM.int8 {near_words}; SmoothQuant at most {ppl_alpha.max():.3g} at any alpha; "
+           f"per-tensor W8A8 {ppl_tensor:.3g}.")
+    description = (f"Two panels of held-out perplexity, on one scale, with the float64 perplexity {ppl_float:.3g} "
+                   f"dotted. Left: LLM.int8 against its threshold from {thresholds[0]:g} to {thresholds[-1]:g} "
+                   f"(log scale), each point labelled with the percentage of input columns kept in float16 "
+                   f"({100 * frac_thr[0]:.0f} % at the lowest threshold, {100 * frac_thr[-1]:.0f} % at the highest); "
+                   f"the perplexity is {near_words} and {ppl_thr[-1]:.3g} at the highest threshold. Right: "
+                   f"SmoothQuant with per-tensor scales against its migration strength alpha from {alphas[0]:g} to "
+                   f"{alphas[-1]:g}: perplexity {_span(ppl_alpha)}, against {ppl_tensor:.3g} for per-tensor W8A8 "
+                   f"(dashed).")
+    return set_alt(fig, short_alt(alt), description)
 
 
 def plot_weight_bits_decode(model, roofs, batches, context, bits=(16, 8, 4), group_size=128):
@@ -128,11 +214,12 @@ def plot_weight_bits_decode(model, roofs, batches, context, bits=(16, 8, 4), gro
     fig = Figure(figsize=(7.2, 3.6))
     axes = fig.subplots(1, len(roofs), sharey=True)
     axes = np.atleast_1d(axes)
+    tps = {}                                                     # (roof label, bits) -> tokens/s per batch
     for ax, (label, roof) in zip(axes, roofs.items()):
         for b, c, m in zip(bits, [BLUE, ORANGE, GREEN], "os^"):
             g = None if b >= 8 else group_size
-            tps = [n / step_time(model, roof, n, 1, context, 2, b, g) for n in batches]
-            ax.loglog(batches, tps, marker=m, ms=4, color=c,
+            tps[label, b] = np.array([n / step_time(model, roof, n, 1, context, 2, b, g) for n in batches])
+            ax.loglog(batches, tps[label, b], marker=m, ms=4, color=c,
                       label=f"{b}-bit weights" + (f", groups of {g}" if g else ""))
         ax.set_xlabel("batch (sequences)")
         ax.set_title(f"{model.name} on {label}, context {context}", fontsize=9)
@@ -140,7 +227,34 @@ def plot_weight_bits_decode(model, roofs, batches, context, bits=(16, 8, 4), gro
     for ax in axes:
         ax.set_ylabel("tokens per second (roofline bound)")
     axes[0].legend(loc="upper left")
-    return fig
+
+    def gain(label, b, i):                       # throughput of b-bit weights over the widest, at batches[i]
+        return tps[label, b][i] / tps[label, bits[0]][i]
+
+    def gains(label, i, unit):
+        return " and ".join(f"{b}-bit {gain(label, b, i):.3g}{unit}" for b in bits[1:])
+
+    def at_largest(label):                       # where reading the weights stops binding, the lines meet
+        if all(abs(gain(label, b, -1) - 1) < 0.01 for b in bits[1:]):
+            return f"at batch {batches[-1]} the lines meet"
+        return f"at batch {batches[-1]} {gains(label, -1, ' times')} the {bits[0]}-bit throughput"
+
+    first = next(iter(roofs))
+    alt = (f"Roofline bound on {model.name}'s decode throughput against batch, {batches[0]} to {batches[-1]}: at batch "
+           f"{batches[0]}, {gains(first, 0, '×')} the {bits[0]}-bit rate.")
+    rising = all(np.all(np.diff(t) > 0) for t in tps.values())
+    description = (f"{len(roofs)} log-log panel{'s' if len(roofs) > 1 else ''}, {model.name} on "
+                   + " and on ".join(roofs) + f" at a context of "
+                   f"{context} tokens: the roofline's bound on decode throughput in tokens per second against the "
+                   f"batch size from {batches[0]} to {batches[-1]}, for weights stored in "
+                   + ", ".join(map(str, bits[:-1])) + f" and {bits[-1]} bits"
+                   + (f" (below 8 bits in groups of {group_size})" if min(bits) < 8 else "") + ". "
+                   + ("Every line rises with the batch. " if rising else "") + " ".join(
+                       f"On the {label} the {bits[0]}-bit bound at batch {batches[0]} is {tps[label, bits[0]][0]:.3g} "
+                       f"tokens/s, and with fewer bits: {gains(label, 0, ' times')} that; {at_largest(label)}."
+                       for label in roofs)
+                   + " Where the lines meet, the step is no longer limited by reading the weights.")
+    return set_alt(fig, short_alt(alt), description)
 
 
 def plot_matvec(rows, bandwidth):
@@ -161,7 +275,23 @@ def plot_matvec(rows, bandwidth):
     ax.grid(axis="y", visible=False)
     ax.legend(loc="lower right")
     ax.set_xlim(0, ax.get_xlim()[1] * 1.15)
-    return fig
+    # measured times: the notebook's cell ignores its output under nbval; 2 figures are what repeats carry
+    ref = rows[0]
+    over = [r.seconds / (r.nbytes / bandwidth) for r in rows]    # measured time over the bytes' time
+    smaller = [r for r in rows if r.nbytes < ref.nbytes]
+    ref_name = ref.name.replace(", ", " (", 1) + ")" if ", " in ref.name else ref.name   # "float32 (BLAS sgemv)"
+    alt = (f"Measured matrix-vector time per weight storage: " + ", ".join(
+        f"{r.name.split(',')[0]} {ref.seconds / r.seconds:.2g}×" for r in smaller)
+           + f" as fast as {ref_name}, against the " + " and ".join(f"{ref.nbytes / r.nbytes:.2g}×" for r in smaller)
+           + " their bytes allow.")
+    description = (f"Horizontal bars of the measured time (best CPU time, one core) of one matrix-vector product for "
+                   f"each weight storage; diamonds mark the time its bytes would take at a bandwidth of "
+                   f"{bandwidth / 1e9:.2g} GB/s. A bar longer than its diamond means the format's arithmetic, not "
+                   f"memory, limits it. " + " ".join(
+                       f"{r.name}: {r.nbytes / 2**20:.3g} MiB, {1e3 * r.seconds:.2g} ms, {o:.2g} times its bytes' time"
+                       + (f", {ref.seconds / r.seconds:.2g} times as fast as {ref_name}." if r is not ref else ".")
+                       for r, o in zip(rows, over)))
+    return set_alt(fig, short_alt(alt), description)
 
 
 def plot_weight_only(bits, groups, ppl, ppl_float, title=""):
@@ -188,14 +318,45 @@ def plot_weight_only(bits, groups, ppl, ppl_float, title=""):
     for ax in axes:
         ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 3.0, 5.0)))
         ax.yaxis.set_major_formatter(ScalarFormatter())
-    return fig
+    names = {"rtn": "round to nearest", "gptq": "GPTQ", "awq": "AWQ"}
+    settings = [(b, g) for b in bits for g in groups]
+
+    def wins(method):                            # settings where ``method`` beats round to nearest
+        return sum(ppl[method, b, g] < ppl["rtn", b, g] for b, g in settings)
+
+    def panel(g):
+        return f"groups of {g}" if g != "row" else "one scale per row"
+
+    def falls(m, g):                             # fewer bits never help
+        return all(ppl[m, a, g] >= ppl[m, b, g] for a, b in zip(bits, bits[1:]))
+
+    top = max(ppl[m, bits[-1], g] for m in names for g in groups) / ppl_float - 1    # the most bits' worst
+    alt = (f"Perplexity against bits per weight, {bits[0]} to {bits[-1]}, {len(groups)} group sizes: GPTQ beats round "
+           f"to nearest in {wins('gptq')} of {len(settings)}, AWQ in {wins('awq')}; {bits[-1]} bits within "
+           f"{100 * top:.2g} % of float.")
+    description = (f"{len(groups)} panels of held-out perplexity (log scale) against bits per weight ("
+                   + ", ".join(map(str, bits)) + ") for weight-only quantisation in "
+                   + ", ".join(panel(g) for g in groups) + ", each with round to nearest, GPTQ and AWQ; "
+                   f"the float64 model's perplexity {ppl_float:.3g} is dotted. " + " ".join(
+                       f"{panel(g)[0].upper() + panel(g)[1:]}: " + "; ".join(
+                           f"{names[m]} " + ", ".join(f"{ppl[m, b, g]:.3g}" for b in bits) for m in names) + "."
+                       for g in groups)
+                   + (" Every line falls with more bits." if all(falls(m, g) for m in names for g in groups) else "")
+                   + f" At {bits[-1]} bits every setting is within {100 * top:.2g} % of the float64 perplexity."
+                   + f" GPTQ lies below round to nearest in {wins('gptq')} of the {len(settings)} settings, AWQ in "
+                   f"{wins('awq')}. The ratio of GPTQ's perplexity to round to nearest's is, on average over the "
+                   f"groups, " + ", ".join(
+                       f"{np.mean([ppl['gptq', b, g] / ppl['rtn', b, g] for g in groups]):.2g} at {b} bits"
+                       for b in bits) + ".")
+    return set_alt(fig, short_alt(alt), description)
 
 
 def plot_calibration(clips, errors, marks, bits):
     """Mean squared quantisation error of one activation against the clip value c (S = c / qmax),
     with the clips that absmax, percentile and MSE calibration choose marked.
 
-    errors: {label: array over ``clips``}; marks: {method: (clip, error)} for the first label.
+    errors: {label: array over ``clips``}; marks: {method: (clip, error)} on one of the curves (its
+    label says which, as in "mse (4-bit)").
     """
     fig = Figure(figsize=(6.4, 3.4))
     ax = fig.add_subplot()
@@ -207,7 +368,26 @@ def plot_calibration(clips, errors, marks, bits):
     ax.set_xlabel(f"clip c (the largest value kept), {bits}-bit symmetric grid")
     ax.set_ylabel("mean squared error")
     ax.legend()
-    return fig
+    clips = np.asarray(clips, dtype=float)
+    top = clips.max()
+
+    def share(c):                                # a clip as a percentage of the largest one plotted
+        return f"{100 * c / top:.3g} %"          # 3 figures: a clip on a grid of 200 is exact, not 50.5 -> "50"
+
+    best = {label: clips[int(np.argmin(err))] for label, err in errors.items()}
+    pick = min(marks, key=lambda m: marks[m][1])                 # the calibration with the lowest error
+    alt = (f"Quantisation error against the clip value: lowest at " + " and ".join(
+        f"{share(c)} ({label})" for label, c in best.items())
+           + f" of the largest clip; {pick} clips at {share(marks[pick][0])}.")
+    description = (f"Log-scale plot of the mean squared error of quantising one activation on the {bits}-bit symmetric "
+                   f"grid against the clip value c (the largest value kept), for clips up to {top:.3g}, one curve each "
+                   f"for {' and '.join(errors)}. " + " ".join(
+                       f"The {label} curve is lowest at c = {c:.3g}, {share(c)} of the largest clip."
+                       for label, c in best.items())
+                   + " Markers show the clips calibration chooses: " + "; ".join(
+                       f"{method} at c = {c:.3g} ({share(c)} of the largest), error {e:.2g}"
+                       for method, (c, e) in marks.items()) + ".")
+    return set_alt(fig, short_alt(alt), description)
 
 
 # ---- the explorable: bits x granularity x outlier scale -> error ----------------------------------

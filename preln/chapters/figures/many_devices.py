@@ -11,6 +11,7 @@ import numpy as np
 
 from preln.chapters import parallel as par
 from preln.chapters.viz import PALETTE, control
+from preln.nb import set_alt, short_alt
 
 __all__ = ["EXPLORABLES", "MEMORY_MODELS", "WORLDS", "GPU_MEMORY", "memory_per_device", "plot_memory", "memory_alt",
            "plot_tp_times", "plot_schedule"]
@@ -101,9 +102,10 @@ def plot_tp_times(model, tokens, degrees=(1, 2, 4, 8, 16, 32, 64)):
     m = par.MODELS[model]
     fig, ax = _figure((6.2, 3.6))
     comp = [par.tp_layer_times(m, tokens, P, par.LINKS["NVLink 4"])[0] * 1e3 for P in degrees]
+    comms = {name: [par.tp_layer_times(m, tokens, P, link)[1] * 1e3 for P in degrees[1:]]
+             for name, link in par.LINKS.items()}
     ax.loglog(degrees, comp, "-o", color=PALETTE[6], lw=2, label="compute (H100, dense BF16)")
-    for (name, link), colour, marker in zip(par.LINKS.items(), PALETTE, "s^D"):
-        comm = [par.tp_layer_times(m, tokens, P, link)[1] * 1e3 for P in degrees[1:]]
+    for (name, comm), colour, marker in zip(comms.items(), PALETTE, "s^D"):
         ax.loglog(degrees[1:], comm, "--" + marker, color=colour, label=f"all-reduces over {name}")
     ax.set_xticks(degrees, [str(P) for P in degrees])
     ax.minorticks_off()
@@ -111,7 +113,32 @@ def plot_tp_times(model, tokens, degrees=(1, 2, 4, 8, 16, 32, 64)):
     ax.set_ylabel("time per layer (ms)")
     ax.set_title(f"{model}, {tokens} tokens, forward + backward")
     ax.legend()
-    return fig
+    # the words: where each link's all-reduces first take at least the compute time
+    first = {name: next((P for P, c, t in zip(degrees[1:], comm, comp[1:]) if c >= t), None)
+             for name, comm in comms.items()}
+    passing = ", ".join(f"{P} ({name})" for name, P in first.items() if P)
+    never = " or ".join(name for name, P in first.items() if P is None)
+    where = ([f"at P = {passing}"] if passing else []) + ([f"never over {never}"] if never else [])
+    alt = (f"{model} layer time, tensor-parallel: compute {comp[0] * degrees[0]:.3g} ms over P; all-reduces pass it "
+           + ", ".join(where) + ".")
+
+    def crossing(name):
+        P = first[name]
+        if P is None:
+            return f"below compute at every P up to {degrees[-1]}"
+        if P == degrees[1]:
+            return f"above compute from P = {P} on"
+        return f"below compute up to P = {degrees[degrees.index(P) - 1]} and above it from P = {P}"
+
+    description = (
+        f"Log-log plot of one {model} layer's training-step time per device (forward and backward, "
+        f"{tokens} tokens) against the tensor-parallel degree P from {degrees[0]} to {degrees[-1]}. Compute "
+        f"(H100, dense BF16) falls as 1/P, from {comp[0]:.3g} ms at P = {degrees[0]} to {comp[-1]:.3g} ms "
+        f"at P = {degrees[-1]}. The all-reduces' time rises with P: " + "; ".join(
+            f"over {name} from {comms[name][0]:.3g} ms at P = {degrees[1]} ({comms[name][0] / comp[1]:.2g} times the "
+            f"compute) to {comms[name][-1]:.3g} ms at "
+            f"P = {degrees[-1]}, {crossing(name)}" for name in comms) + ".")
+    return set_alt(fig, short_alt(alt), description)
 
 
 def plot_schedule(p, m):
@@ -139,7 +166,19 @@ def plot_schedule(p, m):
     for side in ("top", "right", "left", "bottom"):
         ax.spines[side].set_visible(False)
     ax.grid(False)
-    return fig
+    steps, idle = grid.shape[1], int((grid[0] < 0).sum())
+    pct = f"{100 * par.bubble_fraction(p, m):.0f} %"
+    alt = (f"GPipe forward schedule, {p} stages by {steps} time steps: each of {m} micro-batches moves down "
+           f"one stage per step; grey bubble {idle} of {steps} steps, {pct}.")
+    description = (
+        f"The forward pass of a GPipe schedule with {p} stages and {m} micro-batches, drawn as a grid of "
+        f"pipeline stage (stage 1 at the top) against time step 1 to {steps}; each cell is coloured and "
+        "numbered with the micro-batch the stage works on, grey where it idles. Micro-batch 1 starts on "
+        "stage 1 at step 1 and each micro-batch moves down one stage per step, so the coloured cells form "
+        f"a parallelogram of {m} cells per row"
+        + (f", with grey idle cells in the top-right and bottom-left corners: {idle} of every {steps} steps, "
+           f"{pct}, are the bubble." if idle else ", with no idle cell."))
+    return set_alt(fig, short_alt(alt), description)
 
 
 EXPLORABLES = {"memory": (plot_memory, MEMORY_CONTROLS)}

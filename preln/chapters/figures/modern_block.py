@@ -32,6 +32,7 @@ from preln.ops.rope import rope_frequencies
 from preln.models.pretrained import RECIPE, split_ids
 from preln.resources import data_path
 from preln.chapters.viz import PALETTE, control
+from preln.nb import set_alt, short_alt, sig
 from preln.models.corpus import load_corpus
 
 __all__ = [
@@ -112,16 +113,35 @@ def plot_rope_frequencies(d_head=64, thetas=(10000.0, 500000.0)) -> Figure:
     positions, the last ones over tens of thousands."""
     fig = Figure(figsize=(5.8, 3.2))
     ax = fig.subplots()
-    for theta, color, ls in zip(thetas, (BLUE, VERMILLION), ("-", "--")):
-        w = rope_frequencies(d_head, theta)
-        ax.plot(np.arange(w.size), 2 * np.pi / w, color=color, ls=ls, marker="o", ms=3,
-                label=f"θ = {theta:g}")
+    drawn = list(zip(thetas, ("solid", "dashed")))        # one line style each: two bases at most
+    waves = {theta: 2 * np.pi / rope_frequencies(d_head, theta) for theta, _ in drawn}
+    for (theta, wave), color, ls in zip(waves.items(), (BLUE, VERMILLION), ("-", "--")):
+        ax.plot(np.arange(wave.size), wave, color=color, ls=ls, marker="o", ms=3, label=f"θ = {theta:g}")
     ax.set_yscale("log")
     ax.set_xlabel("pair i (dimensions i and i + d_h/2)")
     ax.set_ylabel("wavelength 2π/w_i (positions)")
     ax.set_title(f"d_h = {d_head}", fontsize=10)
     ax.legend()
-    return fig
+    n = d_head // 2
+    alt = (f"Wavelength of each of the {n} RoPE pairs, log scale, d_h {d_head}: from {sig(waves[thetas[0]][0])} "
+           f"positions at pair 0 to " + " and ".join(f"{_count(waves[t][-1])} (θ {t:g})" for t, _ in drawn) + ".")
+    description = (f"Line chart, logarithmic vertical axis, of the wavelength 2π/w_i in positions of each of the {n} "
+                   f"dimension pairs of a head {d_head} wide. " + " ".join(
+                       f"For θ = {t:g} ({style}) it rises from {sig(waves[t][0])} positions at pair 0 to "
+                       f"{_count(waves[t][-1])} at pair {n - 1}." for t, style in drawn)
+                   + (" Every base starts at the same wavelength, 2π; a larger base rises more steeply."
+                      if len(drawn) > 1 else ""))
+    return set_alt(fig, alt, description)
+
+
+
+
+def _count(x):
+    """A large count in words, 2 significant figures: 47 thousand, 2.1 million."""
+    for scale, word in ((1e9, " billion"), (1e6, " million"), (1e3, " thousand")):
+        if x >= scale:
+            return sig(x / scale) + word
+    return sig(x)
 
 
 # ---- GQA: KV-cache bytes ---------------------------------------------------------------------------
@@ -374,7 +394,28 @@ def plot_loss_by_position(curves, trained_len=64) -> Figure:
     ax.set_xlabel("position in the window (context = position + 1 characters)")
     ax.set_ylabel("held-out loss (nats/char)")
     ax.legend(loc="upper left")
-    return fig
+    # the words: each curve's mean loss inside the trained range (from position 8: the first
+    # positions have almost no context) and, for longer curves, beyond it and beyond twice it
+    L = trained_len
+
+    def means(y):
+        return [(a, b, y[a:b].mean()) for a, b in ((8, L), (L, 2 * L), (2 * L, None)) if y.size > a]
+
+    alt = (f"Loss by position (trained on {L}), mean nats to {L - 1}, from {2 * L}: "
+           + ", ".join(f"{label} ({', '.join(sig(m, zeros=True) for a, _, m in means(y) if a != L)})"
+                       for label, y in curves.items()) + ".")
+    last = max(y.size for y in curves.values()) - 1
+    description = (
+        f"Line chart, logarithmic vertical axis, of the held-out loss in nats per character against the "
+        f"position in the window, from 0 to {last}, as 4-position running means, with a dotted line at "
+        f"position {L}, the trained context length. " + " ".join(
+            f"{label[:1].upper() + label[1:]} (positions 0 to {y.size - 1}): {sig(y[0], zeros=True)} nats at position 0, "
+            "with no context; mean " + ", ".join(f"{sig(m, zeros=True)} at positions {a} to {min(b or y.size, y.size) - 1}"
+                                                 for a, b, m in means(y))
+            + (f"; the running mean stays between {sig(_smooth(y, k)[7:].min(), zeros=True)} and "
+               f"{sig(_smooth(y, k)[7:].max(), zeros=True)} from position 8 on." if y.size > 8 + k else ".")
+            for label, y in curves.items()))
+    return set_alt(fig, short_alt(alt), description)
 
 
 EXPLORABLES = {

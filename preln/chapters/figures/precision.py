@@ -17,6 +17,7 @@ from matplotlib.patches import Patch
 
 from preln.chapters import numerics
 from preln.chapters.viz import OKABE_ITO, PALETTE, control, table_caption
+from preln.nb import listed, set_alt, short_alt, sig
 
 __all__ = ["Table", "plot_number_line", "plot_softmax_overflow", "plot_layernorm_thresholds",
            "plot_overflow_map", "overflow_map_alt", "plot_stream_growth", "plot_loss_scale_window",
@@ -29,6 +30,23 @@ BLUE, VERMILLION, GREEN, ORANGE, SKY, PURPLE, BLACK, YELLOW = PALETTE
 # CIELAB distance 1.3 from vermillion under deuteranopia); the legend's swatches get a black edge,
 # which stands out from the white page whatever their fill.
 STATUS_COLOURS = [OKABE_ITO[4], OKABE_ITO[7], VERMILLION, BLACK]
+
+
+
+
+def _sci(x):
+    """A format limit in words: whole numbers as they are (65504), others to 2 figures (3.4e38, 6e-8)."""
+    if x == int(x) and x < 1e6:
+        return str(int(x))
+    return f"{x:.2g}".replace("e+", "e").replace("e-0", "e-")
+
+
+
+
+def _under(fraction):
+    """The power of ten a fraction (as a percentage) stays under: counts of single entries move with
+    the CPU's kernels, so only their decade goes into words ("under 0.1 %")."""
+    return f"under {10.0 ** math.ceil(math.log10(100 * fraction)):g} %" if fraction > 0 else "at 0 %"
 
 
 class Table:
@@ -74,7 +92,14 @@ def plot_number_line(rows):
     ax.set_xlim(-47, 48)
     ax.invert_yaxis()
     ax.grid(axis="y", visible=False)
-    return fig
+    alt = (f"Ranges of {len(rows)} number formats on a log axis, largest values: "
+           + ", ".join(f"{r['name']} {_sci(r['max'])}" for r in rows) + ".")
+    description = ("One bar per format on a log10 axis of |value| from 1e-47 to 1e48: a hatched segment "
+                   "for the subnormal range, from the smallest subnormal to the smallest normal value, then "
+                   "a solid segment for the normal range, up to the largest value, which labels the bar. "
+                   + " ".join(f"{r['name']}: subnormals from {_sci(r['min_subnormal'])}, normals from "
+                              f"{_sci(r['min_normal'])} to {_sci(r['max'])}." for r in rows))
+    return set_alt(fig, short_alt(alt), description)
 
 
 def plot_softmax_overflow(t, naive, safe, threshold):
@@ -96,7 +121,25 @@ def plot_softmax_overflow(t, naive, safe, threshold):
     ax.set_ylabel("softmax probability of t")
     ax.set_ylim(0.45, 1.06)
     ax.legend(loc="lower right")
-    return fig
+    span = f"t from {t.min():.3g} to {t.max():.3g}"
+    rise = f"from {sig(safe.min())} to {sig(safe.max())}"
+    if ok.all():
+        naive_alt = "without, it stays finite"
+        naive_words = "Without it (dashed vermillion) every output stays finite."
+    else:
+        first = t[~ok].min()
+        same = np.allclose(naive[ok & (t < first)], safe[ok & (t < first)], atol=1e-3)
+        naive_alt = f"without, NaN from t = {first:.4g}" + (" on" if (~ok)[t >= first].all() else "")
+        naive_words = (f"Without it (dashed vermillion) the curve {'is the same as the safe one' if same else 'differs'}"
+                       f" up to t = {first:.4g}, where exp overflows and the output becomes NaN"
+                       + (" for every larger t" if (~ok)[t >= first].all() else "")
+                       + ", drawn as crosses along the top.")
+    alt = (f"Float16 softmax probability of t in the row [t, 0], {span}: with max-subtraction it rises {rise}; "
+           f"{naive_alt}.")
+    description = (f"Softmax probability of the logit t in the row [t, 0], computed in float16, for {span}. "
+                   f"With max-subtraction (solid blue) it rises smoothly {rise}. {naive_words} A dotted "
+                   f"vertical line marks ln 65520 = {threshold:.4g}.")
+    return set_alt(fig, short_alt(alt), description)
 
 
 def plot_layernorm_thresholds(ds, empirical):
@@ -114,7 +157,20 @@ def plot_layernorm_thresholds(ds, empirical):
     ax.set_ylabel("input rms at overflow")
     ax.set_ylim(0, 20)
     ax.legend(loc="upper right")
-    return fig
+    off = float(np.max(np.abs(np.asarray(empirical) / np.sqrt(65520.0 / np.asarray(ds, dtype=float)) - 1)))
+    closed = np.sqrt(65520.0 / np.array([min(ds), max(ds)], dtype=float))
+    # the bisection stops at a float16 spacing, about 1e-3 of the value: say "on it" within 1 %
+    on = "lie on it" if off < 0.01 else f"lie up to {off:.0%} off it"
+    alt = (f"Input rms at which a float16 LayerNorm overflows, d = {min(ds)} to {max(ds)}: sqrt(65520/d) "
+           f"falls from {closed[0]:.3g} to {closed[-1]:.3g}; the bisection points {on}.")
+    description = (f"Input rms at which a float16 LayerNorm's sum of squares overflows, against the model "
+                   f"width d from {min(ds)} to {max(ds)} on a log2 axis. The closed-form curve sqrt(65520/d) "
+                   f"falls from {closed[0]:.3g} to {closed[-1]:.3g}, and the points found by bisection with "
+                   f"the package's naive LayerNorm {on}: "
+                   + ", ".join(f"{e:.3g} at d = {d}" for d, e in zip(ds, empirical))
+                   + ". The region above the curve is shaded: there the variance is inf and the output "
+                     "silently zero.")
+    return set_alt(fig, short_alt(alt), description)
 
 
 def plot_overflow_map(dtype="float16", policy="naive", d=64):
@@ -178,7 +234,34 @@ def plot_stream_growth(curves, widths, xavier=None):
     ax.set_xlabel("depth l (blocks applied)")
     ax.set_ylabel("mean square per token")
     ax.legend(loc="upper left")
-    return fig
+    limits = {D: 65520.0 / D for D in widths}
+
+    def reading(name, d, m):
+        crossed = [f"d = {D} at block {np.nonzero(m >= lim)[0][0]}"
+                   for D, lim in limits.items() if (m >= lim).any()]
+        missed = [f"d = {D}" for D, lim in limits.items() if not (m >= lim).any()]
+        return (f"{name} at d = {d}: from {sig(m[0])} to {sig(m[-1])} over {len(m) - 1} blocks"
+                + (", crossing the limit for " + ", ".join(crossed) if crossed else "")
+                + (", below the limit for " + ", ".join(missed) if missed else "") + ".")
+
+    def growth(group):               # mean square added per block, over a group's curves
+        return np.mean([(m[-1] - m[0]) / (len(m) - 1) for m in group.values()])
+
+    torch = max(curves.values(), key=len)
+    alt = (f"Per-token mean square of the residual stream against depth: PyTorch init reaches {sig(torch[-1])} "
+           f"in {len(torch) - 1} blocks")
+    if xavier:
+        fast = next(iter(xavier.values()))
+        alt += (f", Xavier init {sig(fast[-1])} in {len(fast) - 1}, {sig(growth(xavier) / growth(curves))} "
+                "times faster")
+    description = ("Largest per-token mean square of the residual stream against depth, for float32 Pre-LN "
+                   "stacks. Solid lines: the package's blocks with PyTorch's initialisation. "
+                   + ("Dashed: Xiong et al.'s theory setting with Xavier initialisation. " if xavier else "")
+                   + "Horizontal vermillion lines mark the float16 LayerNorm limits 65520/d: "
+                   + ", ".join(f"{sig(lim)} for d = {D}" for D, lim in limits.items()) + ". "
+                   + " ".join(reading("PyTorch's initialisation", d, m) for d, m in curves.items()) + " "
+                   + " ".join(reading("Xavier initialisation", d, m) for d, m in (xavier or {}).items()))
+    return set_alt(fig, short_alt(alt + "."), description)
 
 
 def plot_loss_scale_window(rows, best):
@@ -196,7 +279,23 @@ def plot_loss_scale_window(rows, best):
     ax.set_xlabel("log$_2$ loss scale")
     ax.set_ylabel("gradient entries lost (%)")
     ax.legend(loc="center left")
-    return fig
+    flushed = np.array([r["flushed"] for r in rows])
+    over = np.array([r["overflowed"] for r in rows])
+    window = k[flushed + over < 0.01]
+    window_words = (f"less than 1 % is lost from 2^{window[0]:g} to 2^{window[-1]:g}" if window.size
+                    else "at every scale at least 1 % is lost")
+    alt = (f"Gradient entries lost against log2 loss scale {k[0]:g} to {k[-1]:g}: {sig(100 * flushed[0])} % "
+           f"flush to 0 at 2^{k[0]:g}; {window_words}"
+           + (f"; overflow from 2^{k[over > 0][0]:g}." if over.any() else "; no overflow."))
+    description = (f"Percentage of gradient entries lost against log2 of the loss scale from {k[0]:g} to "
+                   f"{k[-1]:g}: circles, entries flushed to zero (underflow); squares, entries that became "
+                   f"inf or NaN (overflow). At a scale of 2^{k[0]:g}, {sig(100 * flushed[0])} % of the entries "
+                   f"flush to zero and {sig(100 * over[0])} % overflow; {window_words}. A dotted line marks "
+                   f"65504 / max|grad| = 2^{math.log2(best):.3g}.")
+    if over.any():
+        description += (f" Overflow (inf or NaN) first appears at 2^{k[over > 0][0]:g}"
+                        + (f" and reaches 100 % at 2^{k[over >= 1][0]:g}" if (over >= 1).any() else "") + ".")
+    return set_alt(fig, short_alt(alt), description)
 
 
 def plot_dynamic_scaling(run, grad_rms):
@@ -219,7 +318,28 @@ def plot_dynamic_scaling(run, grad_rms):
     bx.set_xlabel("step (upstream gradient rms falls from "
                   f"$2^{{{math.log2(grad_rms[0]):.0f}}}$ to $2^{{{math.log2(grad_rms[-1]):.0f}}}$)")
     bx.legend(loc="center left")
-    return fig
+    log_scale, bound = np.log2(run["scale"]), np.log2(65504.0 / run["max_abs"])
+    grown = np.nonzero(np.diff(log_scale) > 0)[0]
+    every = f", and otherwise doubles every {np.median(np.diff(grown)):g} steps" if grown.size > 1 else ""
+    kept = ~sk
+    spikes = np.nonzero(np.diff(grad_rms) > 0)[0] + 1          # rises in a falling gradient
+    below = "below" if np.all(log_scale[kept] <= bound[kept]) else "partly above"
+    lost = _under(np.nanmax(run["flushed"]))
+    alt = (f"Dynamic loss scaling over {len(steps)} steps: {sk.sum()} overflowing step{'s' if sk.sum() != 1 else ''} "
+           f"skipped, the scale halved; entries lost stay {lost}, against up to "
+           f"{sig(100 * run['flushed_unscaled'].max())} % unscaled.")
+    description = (f"Two panels over {len(steps)} steps, while the upstream gradient rms falls from "
+                   f"2^{math.log2(grad_rms[0]):.0f} to 2^{math.log2(grad_rms[-1]):.0f}"
+                   + (f" (with a spike at step{'s' if spikes.size > 1 else ''} {listed(str(i) for i in spikes)})"
+                      if spikes.size else "")
+                   + f". Top: log2 of the loss scale, a staircase that starts at {log_scale[0]:g}, is halved at "
+                   f"each overflow (crosses "
+                   f"mark the skipped steps, " + listed(str(i) for i in steps[sk]) + f"){every}; it stays "
+                   f"{below} the dotted overflow bound log2(65504 / max|grad|), which goes from "
+                   f"{bound[0]:.0f} to {bound[-1]:.0f}. Bottom: percentage of gradient entries lost: without "
+                   f"loss scaling it goes from {_under(run['flushed_unscaled'][0])} to "
+                   f"{sig(100 * run['flushed_unscaled'][-1])} %; with dynamic scaling it stays {lost}.")
+    return set_alt(fig, short_alt(alt), description)
 
 
 EXPLORABLES = {

@@ -11,7 +11,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from preln.chapters.viz import PALETTE, control
-from preln.chapters.xiong import DATA_DIR, PAPER_FIG3A, lemma2_bounds
+from preln.chapters.xiong import DATA_DIR, PAPER_FIG3A, fit_exponent, lemma2_bounds
+from preln.nb import listed, set_alt, short_alt, sig
 
 SWEEP_DIR = DATA_DIR / "preln_vs_postln"
 PRE, POST = PALETTE[0], PALETTE[1]            # blue: Pre-LN, vermillion: Post-LN
@@ -21,6 +22,15 @@ STYLE = {(True, True): dict(color=PRE, ls="-"), (True, False): dict(color=PRE, l
 
 def _name(norm_first):
     return "Pre-LN" if norm_first else "Post-LN"
+
+
+def _variant(norm_first, warmup):
+    return f"{_name(norm_first)} {'with' if warmup else 'without'} warm-up"
+
+
+def _slope(k):
+    """A fitted power-law exponent in words, with a Unicode minus and no "-0.00"."""
+    return f"{round(k, 2) + 0.0:.2f}".replace("-", "−")
 
 
 @functools.lru_cache(maxsize=None)
@@ -90,7 +100,21 @@ def plot_lemma2(pre, post):
     ax.set_xlabel("layer l")
     ax.set_ylabel(r"$E\,\|x_l\|^2 / d$ (dimensionless)")
     ax.legend(loc="upper left")
-    return fig
+    # a Monte-Carlo estimate: "inside the band" allows 5 % sampling error, as the chapter's check does
+    inside = np.all((pre >= 0.95 * lo) & (pre <= 1.05 * hi))
+    band = "inside Lemma 2's band" if inside else "partly outside Lemma 2's band"
+    near = np.allclose(post, 1.5, rtol=0.15)
+    post_words = (f"stays near 3/2 ({sig(np.min(post))} to {sig(np.max(post))})" if near
+                  else f"goes from {sig(post[0])} to {sig(post[-1])}")
+    alt = (f"E‖x_l‖²/d against layer 0 to {len(pre) - 1}: Pre-LN {'rises' if pre[-1] > pre[0] else 'falls'} "
+           f"from {sig(pre[0])} to {sig(pre[-1])}, {band}; Post-LN {post_words}.")
+    description = (f"Expected squared norm of the residual stream divided by d, against the layer index l from 0 to "
+                   f"{len(pre) - 1}. The Pre-LN points (blue circles) go from {sig(pre[0])} to {sig(pre[-1])}, "
+                   f"{sig(np.polyfit(l, pre, 1)[0])} per layer on a straight-line fit, {band} between 1 + l/2 and "
+                   f"1 + 3l/2 (shaded; points within 5 % of it count as inside). The Post-LN points (vermillion "
+                   f"squares, layers 1 to {len(post)}) lie between {sig(np.min(post))} and {sig(np.max(post))}, "
+                   f"mean {sig(np.mean(post))}, against the dotted line at Lemma 2's 3/2.")
+    return set_alt(fig, short_alt(alt), description)
 
 
 def plot_theorem1(depths, pre, post, fits, batch_pre=None, batch_post=None):
@@ -117,7 +141,27 @@ def plot_theorem1(depths, pre, post, fits, batch_pre=None, batch_post=None):
     ax.set_xlabel("number of layers L")
     ax.set_ylabel(r"$\|\partial \mathcal{L} / \partial W^{2,L}\|_F$ (nats per unit weight)")
     ax.legend(ncol=2, loc="lower left")
-    return fig
+
+    def trend(vals, k):
+        verb = "stays level" if abs(k) < 0.1 else "falls" if k < 0 else "grows"
+        return f"{verb} as L^{_slope(k)} ({sig(vals[0])} to {sig(vals[-1])})"
+
+    span = f"L = {int(L.min())} to {int(L.max())}"
+    alt = (f"Last-layer W2 gradient norm against depth {span}: Pre-LN {trend(pre, fits['pre'][0])}; "
+           f"Post-LN {trend(post, fits['post'][0])}.")
+    description = (f"Log-log plot of the last layer's W2 gradient norm ‖∂L/∂W2‖_F against the number of layers "
+                   f"{span}, with fitted power laws (lines). For the loss of one position (filled markers), Pre-LN "
+                   f"{trend(pre, fits['pre'][0])}, and Post-LN {trend(post, fits['post'][0])}; Theorem 1's "
+                   "exponents are −0.5 and 0.")
+    # the batch-mean gradients against the one-position ones: their exponent and the sample's
+    batch = [(name, vals, fit_exponent(L, vals)[0], fits[key][0])
+             for name, vals, key in (("Pre-LN", batch_pre, "pre"), ("Post-LN", batch_post, "post")) if vals is not None]
+    if batch:
+        description += " Open markers, the gradient of the batch-mean loss: " + "; ".join(
+            f"{name} from {sig(vals[0])} to {sig(vals[-1])}, exponent {_slope(k)}, "
+            f"{'above' if k > k_one else 'below'} the one-position {_slope(k_one)}"
+            for name, vals, k, k_one in batch) + "."
+    return set_alt(fig, short_alt(alt), description)
 
 
 def plot_fig3a(theory_pre, theory_post, lm_pre, lm_post):
@@ -135,7 +179,19 @@ def plot_fig3a(theory_pre, theory_post, lm_pre, lm_post):
         ax.set_ylim(bottom=0)
     axes[0].set_ylabel(r"$\|\nabla_{W^1}\mathcal{L}\|_F$")
     axes[0].legend()
-    return fig
+    names = ("Xiong et al.'s Figure 3(a), read off the paper (IWSLT, d = 512; approximate)",
+             "the theory setting (Gaussian inputs, d = 64)",
+             "our tiny language model at initialisation (corpus, d = 64)")
+    ratios = [(last_over_first(pre), last_over_first(post)) for _, pre, post in panels]
+    alt = (f"W1 gradient norm per layer at init, paper / theory / our LM: last layer over first "
+           f"{', '.join(sig(r[1]) for r in ratios)} for Post-LN; {', '.join(sig(r[0]) for r in ratios)} for Pre-LN.")
+    description = (f"Three panels of the W1 gradient norm ‖∇W1 L‖_F per layer at initialisation, layers 1 to "
+                   f"{len(theory_pre)}. " + " ".join(
+                       f"{where[0].upper() + where[1:]}: Pre-LN from {sig(pre[0])} at layer 1 to {sig(pre[-1])} "
+                       f"at layer {len(pre)} ({sig(r_pre)} times), Post-LN from {sig(post[0])} to {sig(post[-1])} "
+                       f"({sig(r_post)} times)."
+                       for where, (_, pre, post), (r_pre, r_post) in zip(names, panels, ratios)))
+    return set_alt(fig, short_alt(alt), description)
 
 
 def plot_theory_grid(depth, width):
@@ -182,7 +238,22 @@ def plot_training(depth, lr, seed=0):
     ax.set_ylim(0.8, 3.8)
     ax.set_title(f"L = {depth} layers, peak lr = {lr:g}, seed {seed}", fontsize=11)
     ax.legend(loc="upper right")
-    return fig
+    ends = {}                        # variant -> (run, its plotted curve)
+    for norm_first in (True, False):
+        for warm in (True, False):
+            r = find_run(norm_first, depth, lr, 100 if warm else 0, seed)
+            ends[_variant(norm_first, warm)] = (r, _smooth(r["train_loss"]))
+    steps = len(next(iter(ends.values()))[1])
+    high, low = (f(ends, key=lambda k: ends[k][1][-1]) for f in (max, min))
+    alt = (f"Training loss of four {depth}-layer models, peak lr {lr:g}, {steps} steps: {high} ends highest, at "
+           f"{sig(ends[high][1][-1])}; {low} lowest, at {sig(ends[low][1][-1])}.")
+    third = steps // 3
+    description = (f"Training loss (nats per character, 10-step mean) over {steps} steps of four {depth}-layer "
+                   f"character models at peak learning rate {lr:g}, seed {seed}; blue: Pre-LN, vermillion: "
+                   "Post-LN, solid: with 100 warm-up steps, dashed: without. " + " ".join(
+                       f"{name}: {sig(curve[third - 1])} at step {third}, {sig(curve[-1])} at step {steps} "
+                       f"(held-out {r['eval_loss'][-1]:.2f})." for name, (r, curve) in ends.items()))
+    return set_alt(fig, short_alt(alt), description)
 
 
 def alt_training(depth, lr, seed=0):
@@ -215,7 +286,27 @@ def plot_early_updates(results):
     ax2.set_ylabel("% of weights moved by > lr(t)/2")
     ax2.set_ylim(-3, 103)
     ax1.legend(loc="lower left")
-    return fig
+    steps = len(next(iter(results.values()))["lr"])
+    first = {}                       # warm-up -> the update-to-weight ratio at step 1 (%), per stack
+    for (norm_first, warmup), r in results.items():
+        first.setdefault(warmup, []).append(100 * r["ratio"][0].mean())
+    # Adam's first step is about lr per weight whatever the gradient: the same for both stacks
+    alike = all(max(v) < 1.05 * min(v) for v in first.values()) and all(len(v) > 1 for v in first.values())
+    alt = (f"First {steps} Adam steps: the update-to-weight ratio starts at " + " and ".join(
+        f"{sig(np.mean(v))} % {'with ' + str(wu) + ' warm-up steps' if wu else 'without warm-up'}"
+        for wu, v in sorted(first.items())) + (", for Pre-LN and Post-LN alike." if alike else "."))
+    marks = sorted({1, max(1, steps // 2), steps})
+
+    def reading(key, curve):
+        return f"{_variant(*key)}{' ' + str(key[1]) if key[1] else ''}: " + ", ".join(
+            f"{sig(curve[t - 1])} % at step {t}" for t in marks)
+
+    description = (f"Two panels over the first {steps} Adam steps. Left, on a log axis, the update-to-weight ratio "
+                   "‖W_t − W_(t−1)‖ / ‖W_(t−1)‖ averaged over layers: " + "; ".join(
+                       reading(key, 100 * r["ratio"].mean(axis=1)) for key, r in results.items())
+                   + ". Right, the percentage of weights that moved by more than half the step's learning rate: "
+                   + "; ".join(reading(key, 100 * r["sign_like"].mean(axis=1)) for key, r in results.items()) + ".")
+    return set_alt(fig, short_alt(alt), description)
 
 
 def plot_final_loss():
@@ -238,7 +329,23 @@ def plot_final_loss():
         ax.set_title(f"L = {L} layers", fontsize=11)
     np.atleast_1d(axes)[0].set_ylabel("held-out loss after 300 steps\n(nats/char, mean of seeds)")
     np.atleast_1d(axes)[0].legend()
-    return fig
+    seeds, steps = tuple(grid["seed"]), data["fixed"]["steps"]
+    final = {(L, nf, warm): [final_eval(nf, L, lr, 100 if warm else 0, seeds) for lr in lrs]
+             for L in depths for nf in (True, False) for warm in (True, False)}
+    # the hardest setting, the deepest stack at the largest lr, is where the variants part
+    hard = {key[1:]: v[int(np.argmax(lrs))] for key, v in final.items() if key[0] == max(depths)}
+    alt = (f"Held-out loss after {steps} steps against peak lr: at {max(depths)} layers and lr {max(lrs):g} Post-LN "
+           f"ends at {hard[False, False]:.2f} without warm-up, {hard[False, True]:.2f} with; Pre-LN at "
+           f"{hard[True, False]:.2f} and {hard[True, True]:.2f}.")
+    at_low = [v[int(np.argmin(lrs))] for v in final.values()]
+    description = (f"{len(depths)} panels, " + listed(f"{L} layers" for L in depths) + ", of the held-out loss "
+                   f"after {steps} steps (nats per character, mean of {len(seeds)} seeds) against peak learning "
+                   "rate, for Pre-LN (blue circles) and Post-LN (vermillion squares), with warm-up (solid) and "
+                   f"without (dashed). At {min(lrs):g} all lie between {min(at_low):.2f} and {max(at_low):.2f}. "
+                   + " ".join(f"At {L} layers, for lr " + ", ".join(f"{lr:g}" for lr in lrs) + ": " + "; ".join(
+                       f"{_variant(nf, warm)} " + ", ".join(f"{v:.2f}" for v in final[L, nf, warm])
+                       for nf in (True, False) for warm in (True, False)) + "." for L in depths))
+    return set_alt(fig, short_alt(alt), description)
 
 
 EXPLORABLES = {
