@@ -31,3 +31,6 @@ def test_sig_says_a_number_at_its_precision():
     from preln.nb import listed
 
     assert listed(["a", "b", "c"]) == "a, b and c" and listed(["a"]) == "a" and listed([]) == ""
+    from preln.nb import fixed
+
+    assert fixed(-0.981) == "−0.98" and fixed(-0.001) == "0.00" and fixed(1.963, 1) == "2.0"

@@ -13,7 +13,7 @@ import numpy as np
 from preln.nn.config import BlockConfig
 from preln.chapters.inference import PUBLISHED, compute_bound_batch, decode_cost, kv_cache_bytes, step_ops
 from preln.chapters.viz import PALETTE, control
-from preln.nb import set_alt, short_alt
+from preln.nb import fixed, set_alt, short_alt
 
 __all__ = ["EXPLORABLES", "plot_roofline", "plot_published", "plot_fusion_bytes",
            "plot_predicted_vs_measured", "plot_attention_io", "plot_attention_terms",
@@ -198,8 +198,8 @@ def plot_attention_io(panels):
         ax.set_title(title, fontsize=9)
         ax.legend()
     axes[0].set_ylabel("slow-memory accesses (elements)")
-    def k(fit):                       # as the legend prints it: no "-0.00"
-        return f"{round(fit.exponent, 2) + 0.0:.2f}"
+    def k(fit):                       # two decimals, as the legend; a Unicode minus, no "−0.00"
+        return fixed(fit.exponent)
 
     slopes = "; ".join(f"{p[0].split(' (')[0].split()[-1]} {k(p[4])} and {k(p[5])}" for p in panels)
     alt = f"Slow-memory accesses of standard and tiled attention, log-log; slopes (standard, tiled) against {slopes}."

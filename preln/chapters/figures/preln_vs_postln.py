@@ -12,7 +12,7 @@ import numpy as np
 
 from preln.chapters.viz import PALETTE, control
 from preln.chapters.xiong import DATA_DIR, PAPER_FIG3A, fit_exponent, lemma2_bounds
-from preln.nb import listed, set_alt, short_alt, sig
+from preln.nb import fixed, listed, set_alt, short_alt, sig
 
 SWEEP_DIR = DATA_DIR / "preln_vs_postln"
 PRE, POST = PALETTE[0], PALETTE[1]            # blue: Pre-LN, vermillion: Post-LN
@@ -28,9 +28,6 @@ def _variant(norm_first, warmup):
     return f"{_name(norm_first)} {'with' if warmup else 'without'} warm-up"
 
 
-def _slope(k):
-    """A fitted power-law exponent in words, with a Unicode minus and no "-0.00"."""
-    return f"{round(k, 2) + 0.0:.2f}".replace("-", "−")
 
 
 @functools.lru_cache(maxsize=None)
@@ -144,7 +141,7 @@ def plot_theorem1(depths, pre, post, fits, batch_pre=None, batch_post=None):
 
     def trend(vals, k):
         verb = "stays level" if abs(k) < 0.1 else "falls" if k < 0 else "grows"
-        return f"{verb} as L^{_slope(k)} ({sig(vals[0])} to {sig(vals[-1])})"
+        return f"{verb} as L^{fixed(k)} ({sig(vals[0])} to {sig(vals[-1])})"
 
     span = f"L = {int(L.min())} to {int(L.max())}"
     alt = (f"Last-layer W2 gradient norm against depth {span}: Pre-LN {trend(pre, fits['pre'][0])}; "
@@ -158,8 +155,8 @@ def plot_theorem1(depths, pre, post, fits, batch_pre=None, batch_post=None):
              for name, vals, key in (("Pre-LN", batch_pre, "pre"), ("Post-LN", batch_post, "post")) if vals is not None]
     if batch:
         description += " Open markers, the gradient of the batch-mean loss: " + "; ".join(
-            f"{name} from {sig(vals[0])} to {sig(vals[-1])}, exponent {_slope(k)}, "
-            f"{'above' if k > k_one else 'below'} the one-position {_slope(k_one)}"
+            f"{name} from {sig(vals[0])} to {sig(vals[-1])}, exponent {fixed(k)}, "
+            f"{'above' if k > k_one else 'below'} the one-position {fixed(k_one)}"
             for name, vals, k, k_one in batch) + "."
     return set_alt(fig, short_alt(alt), description)
 

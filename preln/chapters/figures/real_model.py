@@ -7,6 +7,7 @@ pyplot (so a notebook cell shows it once, when it is the cell's value) and carri
 from __future__ import annotations
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from preln.chapters.viz import PALETTE
 from preln.nb import set_alt, short_alt
@@ -37,6 +38,9 @@ def plot_bytes_vs_perplexity(points, ppl_float):
     ax.axhline(ppl_float, color="0.6", ls="--", lw=1)
     ax.set_xscale("log")
     ax.set_yscale("log")
+    for axis in (ax.xaxis, ax.yaxis):          # the range spans about a decade: 20, 30, not 2×10^1
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.set_xlabel("MB of weights read per decoded token")
     ax.set_ylabel("perplexity on the licence text")
     ax.legend(fontsize=10, loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False)
