@@ -18,7 +18,7 @@ try:
 except ImportError:          # a learner's environment: no book toolchain
     _myst_glue = None
 
-__all__ = ["glue", "HAVE_MYST_NB", "sig", "fixed", "listed", "set_alt", "describe", "short_alt", "image_bundle", "figure_bundle",
+__all__ = ["glue", "HAVE_MYST_NB", "sig", "fixed", "span", "listed", "set_alt", "describe", "short_alt", "image_bundle", "figure_bundle",
            "register_figure_display", "png_size", "palette_png", "FIGURE_DPI", "ALT_MAX"]
 
 #: True when myst-nb is importable (the book's build environment and `make test`).
@@ -112,6 +112,12 @@ def fixed(x, decimals=2):
     """``x`` with ``decimals`` decimals, as a figure's words say it: a Unicode minus, and never
     "−0.00" (a fitted exponent of -0.001 is level, 0.00)."""
     return f"{round(float(x), decimals) + 0.0:.{decimals}f}".replace("-", "−")
+
+
+def span(values, fmt=".3g"):
+    """"a to b", the smallest and the largest of ``values`` in ``fmt``; one number where both print alike."""
+    lo, hi = f"{min(values):{fmt}}", f"{max(values):{fmt}}"
+    return lo if lo == hi else f"{lo} to {hi}"
 
 
 def listed(words):

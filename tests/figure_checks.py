@@ -1,6 +1,7 @@
 """What every figure of the book must have, checked by the figure tests of each chapter.
 
-``assert_labelled(fig)`` is what each chapter's tests call on each figure; it also runs
+``assert_labelled(fig)`` is what each chapter's tests call on each figure, and ``own_words(fig)``
+checks the alt text and description its figure function set. ``assert_labelled`` also runs
 ``assert_accessible``: legends of at least LEGEND_MIN_PT, data colours of at least 3:1 against the
 figure's face as the site shows it (light mode, and dark mode through the theme's image filter), and
 series that stay apart for a reader with deuteranopia or protanopia (Machado, Oliveira & Fernandes
@@ -188,3 +189,18 @@ def assert_labelled(fig):
         assert ax.get_ylabel().strip(), f"axes {ax.get_title()!r} has no y label"
         assert ax.has_data() or ax.images or ax.texts, f"axes {ax.get_title()!r} is empty"
     assert_accessible(fig)
+
+
+def own_words(fig):
+    """``(alt, description)`` that the figure function gave ``fig`` with preln.nb.set_alt, checked:
+    both set (not read off the axes), the alt within ALT_MAX and not cut, whole sentences, and no
+    TeX, "nan", "e+" or "-0.00" in either."""
+    from preln.nb import ALT_ATTR, ALT_MAX, DESCRIPTION_ATTR
+
+    alt, description = getattr(fig, ALT_ATTR, None), getattr(fig, DESCRIPTION_ATTR, None)
+    assert alt and description, "the figure function must call set_alt with a description"
+    assert len(alt) <= ALT_MAX and "…" not in alt and alt.endswith("."), alt
+    assert description.endswith("."), description
+    for text in (alt, description):
+        assert not re.search(r"[$\\{}]|e\+|\bnan\b|-0\.00", text), text
+    return alt, description

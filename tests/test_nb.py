@@ -34,3 +34,6 @@ def test_sig_says_a_number_at_its_precision():
     from preln.nb import fixed
 
     assert fixed(-0.981) == "−0.98" and fixed(-0.001) == "0.00" and fixed(1.963, 1) == "2.0"
+    from preln.nb import span
+
+    assert span([160.2, 345.4, 200]) == "160 to 345" and span([1.0101, 1.0102]) == "1.01"

@@ -13,7 +13,7 @@ import numpy as np
 from preln.nn.config import BlockConfig
 from preln.chapters.inference import PUBLISHED, compute_bound_batch, decode_cost, kv_cache_bytes, step_ops
 from preln.chapters.viz import PALETTE, control
-from preln.nb import fixed, set_alt, short_alt
+from preln.nb import fixed, set_alt, short_alt, span
 
 __all__ = ["EXPLORABLES", "plot_roofline", "plot_published", "plot_fusion_bytes",
            "plot_predicted_vs_measured", "plot_attention_io", "plot_attention_terms",
@@ -361,10 +361,6 @@ def plot_decode_ops(models, machines, context, batches=None):
              for label, (roof, size) in machines.items()}
     lowest = min((r.ridge * size / 2 for r, size in machines.values()), default=float("inf"))
     below = all(max(ys) < lowest for ys in attention.values())
-
-    def span(values):                     # "160 to 345", or one value when they all round alike
-        lo, hi = f"{min(values):.3g}", f"{max(values):.3g}"
-        return lo if lo == hi else f"{lo} to {hi}"
 
     flat = ", ".join(f"{span(ys)} ({name})" for name, ys in attention.items())
     reached = {label: [b for b in bs if b is not None] for label, bs in cross.items()}

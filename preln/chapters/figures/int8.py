@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 from preln.quant import int8 as quant
 from preln.chapters.viz import PALETTE, control
 from preln.chapters.figures.precision import Table
-from preln.nb import set_alt, short_alt
+from preln.nb import set_alt, short_alt, span
 
 __all__ = ["plot_bits_error", "plot_accumulators", "plot_op_errors", "plot_outlier_channels",
            "plot_sweeps", "plot_weight_bits_decode", "plot_matvec", "plot_weight_only",
@@ -24,12 +24,6 @@ __all__ = ["plot_bits_error", "plot_accumulators", "plot_op_errors", "plot_outli
            "activation_error_alt", "EXPLORABLES", "OUTLIER_CHANNEL"]
 
 BLUE, VERMILLION, GREEN, ORANGE, SKY, PURPLE, BLACK, YELLOW = PALETTE
-
-
-def _span(values, fmt=".3g"):
-    """"a to b" of the smallest and largest value, or one number where they print alike (alt text)."""
-    lo, hi = f"{np.min(values):{fmt}}", f"{np.max(values):{fmt}}"
-    return lo if lo == hi else f"{lo} to {hi}"
 
 
 def plot_bits_error(bits, errors):
@@ -159,13 +153,13 @@ def plot_outlier_channels(before, after, channels):
     rest = np.delete(after, channels)
     names = ", ".join(map(str, channels))
     alt = (f"Largest LayerNorm 1 output per channel: after injection, channels {names} reach "
-           f"{_span(after[channels])}; the others stay at most {rest.max():.2g}.")
+           f"{span(after[channels])}; the others stay at most {rest.max():.2g}.")
     unchanged = np.allclose(rest, np.delete(before, channels))
     description = (f"Bar chart, log scale, of the largest absolute LayerNorm 1 output over the tokens in each of "
                    f"{len(before)} feature channels of layer 0, for the trained model and for the model with "
                    f"outliers injected (the same function). In the trained model every channel's largest value is "
                    f"at most {before.max():.2g}. After the injection channels {names} reach "
-                   f"{_span(after[channels])}, against the dotted LLM.int8 "
+                   f"{span(after[channels])}, against the dotted LLM.int8 "
                    f"threshold of 6, while the other channels are "
                    + ("unchanged." if unchanged else f"at most {rest.max():.2g}."))
     return set_alt(fig, short_alt(alt), description)
@@ -202,7 +196,7 @@ def plot_sweeps(thresholds, ppl_thr, frac_thr, alphas, ppl_alpha, ppl_float, ppl
                    f"({100 * frac_thr[0]:.0f} % at the lowest threshold, {100 * frac_thr[-1]:.0f} % at the highest); "
                    f"the perplexity is {near_words} and {ppl_thr[-1]:.3g} at the highest threshold. Right: "
                    f"SmoothQuant with per-tensor scales against its migration strength alpha from {alphas[0]:g} to "
-                   f"{alphas[-1]:g}: perplexity {_span(ppl_alpha)}, against {ppl_tensor:.3g} for per-tensor W8A8 "
+                   f"{alphas[-1]:g}: perplexity {span(ppl_alpha)}, against {ppl_tensor:.3g} for per-tensor W8A8 "
                    f"(dashed).")
     return set_alt(fig, short_alt(alt), description)
 
