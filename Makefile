@@ -2,7 +2,8 @@
 #   make book            create .venv, install, build the site into _build/html (strict: warnings fail)
 #   make test            everything CI checks: unit tests, notebooks (nbval), the learner stage, the course,
 #                        strict build, browser tests
-#   make test-unit       the package's pytest suite, plus the book-structure and viz tests
+#   make test-unit       the package's pytest suite, plus the book-structure and viz tests, in a random
+#                        order with a printed seed (UNIT_ORDER=<seed> repeats it, UNIT_ORDER=reverse)
 #   make test-pythons    the unit tests on the oldest and newest supported Python (TEST_PYTHONS="3.10 3.13"),
 #                        each in its own venv from requirements.txt (not part of make test: see README)
 #   make test-notebooks  re-execute every notebook in book/ and compare with its stored outputs,
@@ -24,7 +25,8 @@
 #   make mutation        the fraction of mutated solutions each assignment's hidden checks catch
 #   make bench-grading   seconds per notebook grading a class of 100 fixture students x every assignment
 #   make lab             JupyterLab on book/ with preln importable and MyST rendered (jupyterlab-myst)
-#   make notebooks       re-execute every notebook in book/ in place (stores fresh outputs)
+#   make notebooks       re-execute every notebook in book/ in place (stores fresh outputs and the
+#                        values of the prose's {eval} numbers)
 #   make bench           the benchmark table
 #   make vendor          re-fetch MathJax, require.js and the widget manager from npm into vendor/
 
@@ -66,10 +68,17 @@ book: install
 
 test: test-unit test-notebooks test-learner test-course test-site
 
-# two pytest workers (pytest-xdist): the suite is independent tests, one BLAS thread each
+# two pytest workers (pytest-xdist): the suite is independent tests, one BLAS thread each, run in a
+# random order (tests/random_order.py) whose seed is printed; `make test-unit UNIT_ORDER=<seed>`
+# repeats an order, UNIT_ORDER=reverse runs it last to first. tests/test_course*.py (test_course.py
+# too) run in test-course.
 UNIT_JOBS ?= 2
+UNIT_ORDER ?=
 test-unit: install
-	$(ONE_THREAD) $(BIN)/python -m pytest -q -n $(UNIT_JOBS) tests --ignore=tests/browser --ignore-glob='tests/test_course_*.py'
+	@order="$(UNIT_ORDER)"; [ -n "$$order" ] || order=$$(od -An -N4 -tu4 /dev/urandom | tr -d ' '); \
+	echo "test-unit: test order $$order (again: make test-unit UNIT_ORDER=$$order)"; \
+	$(ONE_THREAD) $(BIN)/python -m pytest -q -n $(UNIT_JOBS) -p tests.random_order --test-order=$$order \
+	  tests --ignore=tests/browser --ignore-glob='tests/test_course*.py'
 
 # The unit tests on the oldest and the newest Python the package supports (requires-python >= 3.10;
 # .venv, and so `make test`, uses one Python), each in a venv of its own under _build/pythons/, built
@@ -192,8 +201,8 @@ pdf: book
 page-weight: book
 	$(BIN)/python scripts/page_weight.py
 
-# jupyterlab-myst (requirements.txt) renders MyST admonitions, dropdowns and math in markdown cells;
-# {glue:...} roles stay raw in JupyterLab (book/running.md says why). preln is importable through the
+# jupyterlab-myst (requirements.txt) renders MyST admonitions, dropdowns and math in markdown cells,
+# and the prose's numbers from their stored values (book/running.md). preln is importable through the
 # editable install, so the chapters' first cell does nothing here.
 lab: install
 	@$(BIN)/jupyter labextension list 2>&1 | grep -q 'jupyterlab-myst.*enabled' \
@@ -210,10 +219,11 @@ lab: install
 test-learner: install
 	$(ONE_THREAD) $(BIN)/python scripts/learner_check.py $(LEARNER_ARGS)
 
+# nbconvert --execute --inplace's run (nbclient), then each markdown cell's {eval} values stored in
+# its metadata (scripts/execute_notebooks.py says why and how)
 notebooks: install
 ifneq ($(strip $(NOTEBOOKS)),)
-	$(ONE_THREAD) $(BIN)/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.timeout=600 \
-	  --ExecutePreprocessor.kernel_name=python3 $(NOTEBOOKS)
+	$(ONE_THREAD) $(BIN)/python scripts/execute_notebooks.py --timeout 600 --kernel python3 $(NOTEBOOKS)
 endif
 
 bench: install

@@ -34,3 +34,6 @@ c.Autograde.autograde_preprocessors = [SandboxedExecute, IgnorePattern, ClearMet
 # Per-cell time limit when grading (also each question's hidden calls): an answer that loops
 # forever loses its question only. Memory and CPU caps: see SandboxedExecute's options.
 c.SandboxedExecute.timeout = 60
+# Feedback (generate_feedback, formgrader's button): every student-written markdown cell rendered
+# through an allow-list sanitiser, no script, handler, frame, form or style (preln/grade/feedback.py).
+c.GenerateFeedback.exporter_class = "preln.grade.feedback.FeedbackExporter"

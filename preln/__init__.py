@@ -14,7 +14,7 @@ chapters -> course, grade (tests/test_layout.py checks it)::
         foundation: storage dtypes, the safe and naive policies, the overflow tracer
     preln.validation        every chapter
         foundation: input validation, errors that name the argument, what was expected and what was received
-    preln.gradcheck         derivation_ops, derivation_ops_mlp, derivation_block, modern_block, preln_vs_postln
+    preln.gradcheck         derivation_ops, derivation_ops_attention, derivation_ops_mlp, derivation_block, modern_block, modern_block_lm, preln_vs_postln
         foundation: float64 central differences and the error measures
     preln.blas              inference, inference_serving, shape_flow
         foundation: BLAS threads (threadpoolctl) and the OpenBLAS kernel in use
@@ -22,17 +22,17 @@ chapters -> course, grade (tests/test_layout.py checks it)::
         foundation: data_path(), the data files shipped inside the package (preln/data/)
     preln.nb                every chapter
         foundation: glue(), myst-nb's where the book's toolchain is installed, a plain display elsewhere
-    preln.ops               derivation_ops, derivation_ops_mlp, derivation_block, modern_block
+    preln.ops               derivation_ops, derivation_ops_attention, derivation_ops_mlp, derivation_block, modern_block, modern_block_lm
         the ops, each a *_forward -> (out, cache) and *_backward(dout, cache) pair: linear,
         layer_norm, softmax, attention (plain, tiled, grouped-query), activations, dropout,
         batchnorm; rms_norm, swiglu, rope for the modern block
     preln.ops.fused         inference, modern_block
         numba kernels for the memory-bound chains: .transformer (bias + residual + LayerNorm,
         bias + GELU, softmax) and .llama (RMSNorm, RoPE, SwiGLU)
-    preln.nn                derivation_block, every chapter
+    preln.nn                build_and_train, derivation_block, every chapter
         the blocks: config (BlockConfig, LlamaConfig), block (TransformerBlock, Pre-LN and Post-LN),
         llama (LlamaBlock: RMSNorm, SwiGLU, RoPE, grouped-query attention), their KV caches, stack
-    preln.models            preln_vs_postln, int8, int8_weight_only, inference_serving, modern_block
+    preln.models            build_and_train, preln_vs_postln, int8, int8_weight_only, inference_serving, modern_block, modern_block_lm
         models built from blocks: lm (a tiny character LM with cross-entropy), llama_lm, optim
         (Adam, warm-up, clipping), corpus, pretrained (reference_lm(), the small trained LM)
     preln.quant             int8, int8_weight_only

@@ -11,7 +11,7 @@ backward) and the eval-mode forward (tiled attention). Each time is compared wit
 
 - PyTorch (optional, never a dependency): ``torch.nn.TransformerEncoderLayer`` in float32 with the
   same weights, ``batch_first=True``, the same number of threads; numpy and torch run interleaved,
-  pair by pair, and the ratio is the median of the per-pair ratios;
+  pair by pair (a busy machine slows both alike), and the ratio is the one of the two medians;
 - the block's matmuls alone: the same GEMMs (the four linears and the two attention batched
   matmuls, forward and backward) done with plain numpy on the same shapes -- the floor that
   everything else (LayerNorm, softmax, GELU, copies) is added to.
@@ -151,10 +151,11 @@ def time_pairs(np_fn, refs, setup_np=None, repeats=10, warmup=2):
     """Run ``np_fn`` and each reference interleaved, pair by pair, so that a machine busy with
     something else slows both sides alike. ``refs``: {name: (fn, setup) or None}.
 
-    Returns (median numpy s, {name: median s}, {name: median of the per-pair ratios numpy / ref}).
+    Returns (median numpy s, {name: median s}, {name: median numpy / median ref}): the ratio is
+    the one of the two medians, so a table's ratio column equals its two time columns (issue 34).
     """
     refs = {k: v for k, v in refs.items() if v is not None}
-    t_np, t_ref, ratios = [], {k: [] for k in refs}, {k: [] for k in refs}
+    t_np, t_ref = [], {k: [] for k in refs}
     for r in range(warmup + repeats):
         gc.collect()
         a = _time(np_fn, setup_np)
@@ -162,11 +163,11 @@ def time_pairs(np_fn, refs, setup_np=None, repeats=10, warmup=2):
             b = _time(fn, setup)
             if r >= warmup:
                 t_ref[name].append(b)
-                ratios[name].append(a / b)
         if r >= warmup:
             t_np.append(a)
     med = statistics.median
-    return med(t_np), {k: med(v) for k, v in t_ref.items()}, {k: med(v) for k, v in ratios.items()}
+    medians = {k: med(v) for k, v in t_ref.items()}
+    return med(t_np), medians, {k: med(t_np) / m for k, m in medians.items()}
 
 
 def peak_bytes(fn, setup=None):

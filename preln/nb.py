@@ -1,24 +1,32 @@
 """What the chapters' notebooks use to hand numbers to their prose, with or without the book's toolchain.
 
-The book's prose quotes computed numbers with myst-nb's ``{glue:text}`` role: a notebook cell calls
-``glue("name", value)`` and the built page shows ``value`` where the text says ``name``. A learner who
+The book's prose quotes computed numbers: a notebook cell calls ``glue("name", value)`` and the text
+shows ``value`` where it says ``{eval}`glue.text("name:.1f")``` (below). A learner who
 runs a chapter on Colab, Binder or after a plain ``pip install preln`` has no myst-nb (it is part of
 the book's build stack, not of the package), and the chapters must still run there. So every chapter
 imports :func:`glue` from here: with myst-nb installed it *is* ``myst_nb.glue`` (the stored outputs,
 and so the site, are unchanged); without it, it shows the value in the notebook, so the reader of
-the raw notebook sees the number the prose refers to.
+a notebook where MyST does not render (Colab) sees the number the prose refers to.
 
 Figures: :func:`register_figure_display` (called by ``preln.chapters.viz.apply_style``) makes every
 matplotlib Figure display as a 2x PNG plus an HTML ``<img>`` carrying its alt text, which JupyterLab
 shows (it never reads the alt myst-nb keeps in cell metadata); :func:`set_alt` gives a figure its
 words, :func:`describe` reads them (or makes them from the figure's titles, axes and legends).
+
+Numbers in the prose (issue 31): a markdown cell writes ``{eval}`glue.text("name:.1f")```, a MyST
+inline expression. :func:`glue` also keeps each value in this kernel, and ``glue.text`` formats it
+as myst-nb's ``{glue:text}`name:.1f``` did. ``make notebooks`` evaluates every markdown cell's
+expressions once the notebook has run and stores the results in the cell's ``user_expressions``
+metadata: JupyterLab with jupyterlab-myst shows them without a kernel, the site's build reads the
+same stored values (book/_ext/preln_eval.py), and ``make test-notebooks`` re-evaluates and compares.
 """
 try:
     from myst_nb import glue as _myst_glue
 except ImportError:          # a learner's environment: no book toolchain
     _myst_glue = None
 
-__all__ = ["glue", "HAVE_MYST_NB", "sig", "fixed", "span", "listed", "set_alt", "describe", "short_alt", "image_bundle", "figure_bundle",
+__all__ = ["glue", "HAVE_MYST_NB", "glued_text", "eval_expressions", "evaluate_in_kernel", "store_expressions",
+           "stale_expressions", "check_line", "BLANK_HINT", "sig", "fixed", "span", "listed", "set_alt", "describe", "short_alt", "image_bundle", "figure_bundle",
            "register_figure_display", "png_size", "palette_png", "FIGURE_DPI", "ALT_MAX"]
 
 #: True when myst-nb is importable (the book's build environment and `make test`).
@@ -35,11 +43,189 @@ def glue(name, variable, display=True):
     """
     if not isinstance(name, str) or not name:
         raise TypeError(f"name: expected a non-empty string (the key the prose uses); got {name!r}")
+    _GLUED[name] = variable
     if _myst_glue is not None:
         return _myst_glue(name, variable, display=display)
     print(f"{name} = {variable!r}" if isinstance(variable, str) else f"{name} = {variable}")
     return None
 
+
+# ---- numbers in the prose: MyST inline expressions ---------------------------------------------
+# A chapter's prose says {eval}`glue.text("name:fmt")`: a Python expression that jupyterlab-myst
+# (2.7) sends to the kernel when the markdown cell runs, storing the reply in the cell's metadata
+# ("user_expressions": [{"expression": ..., "result": {"status", "data", "metadata"}}]) and showing
+# it from there on open. A str result's text/plain is its repr, '63.4'; jupyterlab-myst strips the
+# quotes (src/components/inlineExpression.tsx, PlainTextRenderer) and the site reads it back with
+# ast.literal_eval. The result is the number at the precision the prose shows, the same under
+# every BLAS kernel, as glued values are.
+
+_GLUED: dict = {}   # name -> value, every glue() of this kernel (the last call of a name wins)
+
+#: a MyST eval role, `{eval}`expression``: (its backticks, the expression)
+EVAL_ROLE = r"\{eval\}(`+)(.+?)\1"
+
+
+def _format_like_myst_nb(value, fmt_spec):
+    """``value`` formatted as myst-nb 1.4's ``{glue:text}`` formats a glued value: the text/plain
+    Jupyter stores for it, read back as a Python literal, cast by the format's type character
+    (myst_nb.core.variables.format_plain_text; tests/test_eval_roles.py checks the two agree)."""
+    import ast
+
+    try:
+        from IPython.lib.pretty import pretty
+    except ImportError:        # no IPython: no Jupyter either; repr is what pretty gives a number
+        pretty = repr
+    text = pretty(value)
+    try:
+        value = ast.literal_eval(text)
+    except (SyntaxError, ValueError):
+        value = text
+    if fmt_spec == "":
+        return str(value)
+    kind = fmt_spec[-1]
+    if kind == "s":
+        value = str(value)
+    elif kind in "bcdoxX":
+        value = int(value)
+    elif kind in "eEfFgGn%":
+        value = float(value)
+    return format(value, fmt_spec)
+
+
+def glued_text(spec):
+    """The text the prose shows for ``spec``, ``"name"`` or ``"name:fmt"`` (``fmt`` a format spec:
+    ``.1f``, ``.3g``, ``,``, ``d`` ...): the value last glued under ``name``, formatted as myst-nb's
+    ``{glue:text}`name:fmt``` did. Available as ``glue.text``, the form the chapters' prose uses."""
+    if not isinstance(spec, str) or not spec:
+        raise TypeError(f"spec: expected 'name' or 'name:format' (a str); got {spec!r}")
+    name, fmt_spec = spec.rsplit(":", 1) if ":" in spec else (spec, "")   # as myst-nb splits it
+    if name not in _GLUED:
+        raise KeyError(f"nothing glued under {name!r} yet: run the cell that calls glue({name!r}, ...) "
+                       "first, then this markdown cell")
+    return _format_like_myst_nb(_GLUED[name], fmt_spec)
+
+
+glue.text = glued_text
+
+
+def eval_expressions(source):
+    """The expressions of the ``{eval}`...``` roles in markdown ``source``, each once, in order."""
+    import re
+
+    if not isinstance(source, str):
+        raise TypeError(f"source: expected a markdown cell's source (str); got {type(source).__name__}")
+    return list(dict.fromkeys(m.group(2) for m in re.finditer(EVAL_ROLE, source)))
+
+
+def evaluate_in_kernel(kc, expressions, timeout=60):
+    """``{expression: result}``: ``expressions`` evaluated by the kernel of client ``kc`` as Jupyter
+    user expressions (what jupyterlab-myst sends): each result is ``{"status": "ok", "data": {...},
+    "metadata": {...}}`` or an error (``status``, ``ename``, ``evalue``, ``traceback``). ``kc``: a
+    blocking or an asynchronous jupyter_client kernel client."""
+    import inspect
+
+    expressions = list(expressions)
+    if not expressions:
+        return {}
+    msg_id = kc.execute("", silent=False, store_history=False,
+                        user_expressions={str(i): e for i, e in enumerate(expressions)})
+    get_reply = kc.get_shell_msg
+    if inspect.iscoroutinefunction(get_reply):   # an asynchronous client (nbclient's)
+        from jupyter_core.utils import run_sync  # what nbclient runs its own calls with
+
+        get_reply = run_sync(get_reply)
+    reply = get_reply(timeout=timeout)
+    while reply.get("parent_header", {}).get("msg_id") != msg_id:   # a reply to an earlier request
+        reply = get_reply(timeout=timeout)
+    content = reply["content"]
+    if content.get("status") != "ok":
+        raise RuntimeError(f"the kernel did not evaluate the expressions: {content.get('ename')}: "
+                           f"{content.get('evalue')}")
+    return {e: content["user_expressions"][str(i)] for i, e in enumerate(expressions)}
+
+
+def store_expressions(nb, evaluate):
+    """Give every markdown cell of notebook ``nb`` (nbformat) with ``{eval}`` roles the results of
+    ``evaluate(expressions) -> {expression: result}`` in its ``user_expressions`` metadata (what
+    jupyterlab-myst reads); drop stale metadata of a cell that has no role left. Returns
+    ``[(cell index, expression, error text)]`` for the expressions that failed."""
+    failed = []
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "markdown":
+            continue
+        expressions = eval_expressions(cell.source)
+        if not expressions:
+            cell.metadata.pop("user_expressions", None)
+            continue
+        results = evaluate(expressions)
+        cell.metadata["user_expressions"] = [{"expression": e, "result": results[e]} for e in expressions]
+        failed += [(index, e, f"{results[e].get('ename')}: {results[e].get('evalue')}")
+                   for e in expressions if results[e].get("status") != "ok"]
+    return failed
+
+
+def stale_expressions(nb, evaluate):
+    """``[(cell index, expression, stored text, evaluated text)]`` for each ``{eval}`` role of
+    notebook ``nb`` whose stored result (``user_expressions``) is missing or differs from what
+    ``evaluate`` computes now (compared as the text/plain a reader sees)."""
+    def shown(result):
+        if not result:
+            return None
+        if result.get("status") != "ok":
+            return f"{result.get('ename')}: {result.get('evalue')}"
+        return result.get("data", {}).get("text/plain")
+
+    stale = []
+    for index, cell in enumerate(nb.cells):
+        expressions = eval_expressions(cell.source) if cell.cell_type == "markdown" else []
+        if not expressions:
+            continue
+        stored = {u.get("expression"): u.get("result") for u in cell.metadata.get("user_expressions", [])}
+        now = evaluate(expressions)
+        stale += [(index, e, shown(stored.get(e)), shown(now[e])) for e in expressions
+                  if shown(stored.get(e)) != shown(now[e]) or (stored.get(e) or {}).get("status") != "ok"]
+    return stale
+
+
+# ---- "write the line" exercises ----------------------------------------------------------------
+# A chapter's exercise cell holds the line to write as `name = ...` (Python's Ellipsis: the cell runs,
+# so the notebook executes top to bottom under nbval), and the next cell calls check_line. Its output
+# is words, never a traceback, and the same on every machine: the stored output says "your turn".
+
+#: what check_line prints while the blank is still `...`
+BLANK_HINT = "Your turn: replace the `...` in the cell above with your line, run it, then run this cell."
+
+
+def check_line(answer, expected, hint, rtol=1e-7, atol=1e-12):
+    """Say whether a learner's ``answer`` (an array or number) equals ``expected``; returns True if so.
+
+    answer:   what the learner's line computed (``...`` while the line is still blank).
+    expected: what the package (or the chapter's reference) computes.
+    hint:     one sentence that helps without giving the line away, printed when the answer is wrong.
+    rtol, atol: how close counts as equal (numpy's allclose).
+    """
+    import numpy as np
+
+    if not isinstance(hint, str) or not hint:
+        raise TypeError(f"hint: expected a non-empty sentence for the learner; got {hint!r}")
+    if answer is Ellipsis:
+        print(BLANK_HINT)
+        return False
+    try:
+        got = np.asarray(answer, dtype=np.float64)
+    except (TypeError, ValueError):
+        print(f"Not yet: your line gave a {type(answer).__name__}, not numbers. {hint}")
+        return False
+    want = np.asarray(expected, dtype=np.float64)
+    if got.shape != want.shape:
+        print(f"Not yet: your result has shape {got.shape}; it should have shape {want.shape}. {hint}")
+        return False
+    if not np.allclose(got, want, rtol=rtol, atol=atol, equal_nan=True):
+        worst = float(np.max(np.abs(got - want))) if got.size else 0.0
+        print(f"Not yet: the shape is right, but the values differ (by up to {sig(worst)}). {hint}")
+        return False
+    print("Right: your line computes what the package computes.")
+    return True
 
 # ---- figures: alt text that travels with the notebook -------------------------------------------
 # JupyterLab renders a figure output's text/html in preference to its image/png, and its image

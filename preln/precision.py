@@ -21,7 +21,7 @@ bfloat16 matmul to float32). Naive *rounding errors* are therefore an optimistic
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import ml_dtypes
 import numpy as np
@@ -108,22 +108,28 @@ class Overflow:
     shape: tuple
     dtype: str
     max_abs_input: float  # the largest finite |value| among the op's inputs
+    #: "inf", "nan" or "inf and nan" if an input already held them (the op only passed them on), else ""
+    nonfinite_input: str = field(default="", compare=False)
 
     def __str__(self):
-        return (f"{self.op}: output {self.dtype}{list(self.shape)} is not finite; "
-                f"largest |input| was {self.max_abs_input:.6g}")
+        head = f"{self.op}: output {self.dtype}{list(self.shape)} is not finite; "
+        if self.nonfinite_input:      # "largest |input| was 0" alone would hide where it came from
+            return (head + f"an input already held {self.nonfinite_input} (passed on, not "
+                    f"an overflow of this op); largest finite |input| was {self.max_abs_input:.6g}")
+        return head + f"largest |input| was {self.max_abs_input:.6g}"
 
 
-def _max_abs(arrays):
-    m = 0.0
+def _max_abs(arrays):  # -> (largest finite |value|, which non-finite values the arrays hold)
+    m, inf, nan = 0.0, False, False
     for a in arrays:
         a = np.asarray(a)
         if a.size and a.dtype != bool:
             a = np.abs(a.astype(np.float64))
-            a = a[np.isfinite(a)]
-            if a.size:
-                m = max(m, float(a.max()))
-    return m
+            finite = np.isfinite(a)
+            inf, nan = inf or bool(np.isinf(a).any()), nan or bool(np.isnan(a).any())
+            if finite.any():
+                m = max(m, float(a[finite].max()))
+    return m, " and ".join(k for k, held in (("inf", inf), ("nan", nan)) if held)
 
 
 class Watch:
@@ -140,7 +146,7 @@ class Watch:
 
     def __call__(self, op, out, *inputs):
         if self.enabled and self.first is None and not np.isfinite(out).all():
-            self.first = Overflow(op, tuple(np.shape(out)), str(np.asarray(out).dtype), _max_abs(inputs))
+            self.first = Overflow(op, tuple(np.shape(out)), str(np.asarray(out).dtype), *_max_abs(inputs))
             if self.raise_error:
                 raise FloatingPointError(str(self.first))
         return out

@@ -46,6 +46,15 @@ def check_mask(mask, x_shape, name="key_padding_mask"):  # -> (B, S) bool or Non
     return mask
 
 
+def check_all_finite(a, name):  # -> a
+    """A ValueError counting the NaN and inf in ``a`` unless there are none: quantisers have no code
+    for them (a NaN rounds to an arbitrary integer, an inf makes the scale inf)."""
+    if not np.isfinite(a).all():
+        raise ValueError(f"{name}: expected finite values; got {int(np.isnan(a).sum())} nan and "
+                         f"{int(np.isinf(a).sum())} inf among {a.size}")
+    return a
+
+
 def check_same_shape(value, shape, name):
     value = check_float_array(value, name)
     if value.shape != tuple(shape):
@@ -88,6 +97,15 @@ def check_bool(value, name):  # -> bool
     return bool(value)
 
 
+def check_seed(seed, name="seed"):
+    """What ``np.random.default_rng`` takes from a caller: None (fresh entropy), an int >= 0 or a
+    SeedSequence / Generator (a stack's layer gets one); -1, 1.5 or True is refused."""
+    if seed is None or isinstance(seed, (np.random.SeedSequence, np.random.Generator)) or \
+            (_is_int(seed) and seed >= 0):
+        return seed
+    raise ValueError(f"{name}: expected an int >= 0, None or a np.random.SeedSequence; got {seed!r}")
+
+
 def check_choice(value, choices, name):
     """``value`` if it is one of ``choices``, else a ValueError listing them."""
     try:
@@ -106,10 +124,21 @@ def check_bits(bits, lo=2, hi=16):  # -> int in [lo, hi]
     return int(bits)
 
 
+def _is_real(value):  # a finite Python or numpy number, not a bool
+    return not isinstance(value, (bool, np.bool_)) and isinstance(value, (int, float, np.integer, np.floating)) \
+        and bool(np.isfinite(value))
+
+
 def positive_float(value, name):  # -> float > 0
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) \
-            or not value > 0 or not np.isfinite(value):
+    if not _is_real(value) or not value > 0:
         raise ValueError(f"{name}: expected a positive float; got {value!r}")
+    return value
+
+
+def nonnegative_float(value, name):  # -> finite float >= 0
+    """A finite number >= 0 (a temperature, where 0 means greedy); nan and inf are refused."""
+    if not _is_real(value) or not value >= 0:
+        raise ValueError(f"{name}: expected a finite number >= 0; got {value!r}")
     return value
 
 

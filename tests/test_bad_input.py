@@ -380,3 +380,187 @@ def test_block_flags_must_be_bools(flag, value):
 def test_sizes_share_one_check(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+# ---- the edges of issue 35: each was a silent wrong answer or an unnamed error -----------------
+@pytest.mark.parametrize("temperature, shown", [(-1, "-1"), (float("nan"), "nan"), (float("inf"), "inf"),
+                                                ("0.5", "'0.5'"), (True, "True")])
+def test_a_temperature_must_be_finite_and_not_negative(temperature, shown):
+    """-1 sampled from softmax(-logits), nan and inf ran too: sample_next and the server refuse
+    them, the server before any step (so no sequence is left in its cache)."""
+    from preln.models.lm import sample_next
+    from preln.serve.paged import ContinuousBatcher, Request
+    match = rf"temperature: expected a finite number >= 0; got {re.escape(shown)}"
+    with pytest.raises(ValueError, match=match):
+        sample_next(np.zeros((1, 11)), temperature, np.random.default_rng(0))
+    server = ContinuousBatcher(_tiny_lm(), n_blocks=4, block_size=4)
+    with pytest.raises(ValueError, match=match):
+        server.run([Request(rid=0, prompt=np.array([1, 2]), n_new=2)], temperature=temperature)
+    assert server.cache.tables == {}
+
+
+@pytest.fixture
+def paged_written(paged):
+    """Sequence "a" of ``paged`` with 2 positions written and committed in both layers."""
+    kv = np.ones((1, 2, 4))
+    for layer in (0, 1):
+        paged.write(layer, "a", kv, kv)
+    paged.commit("a", 2)
+    return paged
+
+
+@pytest.mark.parametrize("layer, seq, q_start, error, match", [
+    (-1, "a", 1, ValueError, r"layer: expected an int in \[0, 2\); got -1"),       # read the last layer
+    (0, "a", -5, ValueError, r"q_start: expected an int >= 0; got -5"),            # returned NaN
+    (0, "a", 4, ValueError, r"q_start: expected q_start \+ n <= 4, the positions reserved for 'a'; got 4 \+ 1"),
+    (0, "zz", 1, KeyError, r"seq: 'zz' is not in the cache \(add it first\)"),     # was KeyError: 'zz'
+], ids=["layer_minus_one", "q_start_negative", "q_start_past_the_blocks", "unknown_seq"])
+def test_paged_attention_refuses_what_write_refuses(paged_written, layer, seq, q_start, error, match):
+    from preln.serve.paged import paged_attention
+    with pytest.raises(error, match=match):
+        paged_attention(np.ones((1, 1, 4)), paged_written, layer, seq, q_start)
+
+
+def test_paged_attention_reads_the_positions_it_is_given(paged_written):
+    """The legal call the checks must let through: one query at position 1 over positions 0, 1
+    whose values are all ones -> an output of ones."""
+    from preln.serve.paged import paged_attention
+    np.testing.assert_array_equal(paged_attention(np.ones((1, 1, 4)), paged_written, 1, "a", 1),
+                                  np.ones((1, 1, 4)))
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(x=np.array([1.0, np.nan, 2.0])), ValueError, r"x: expected finite values; got 1 nan and 0 inf among 3"),
+    (dict(x=np.array([1.0, -np.inf])), ValueError, r"x: expected finite values; got 0 nan and 1 inf among 2"),
+    (dict(symmetric="no"), TypeError, r"symmetric: expected True or False; got 'no'"),
+    (dict(zero_point=300), ValueError, r"zero_point: expected None with symmetric=True \(Z = 0\); got 300"),
+    (dict(symmetric=False, zero_point=3), ValueError, r"zero_point: expected None when the scale is computed from x; got 3"),
+    (dict(symmetric=False, scale=0.1, zero_point=300), ValueError, r"zero_point: expected integers in \[0, 255\]; got 300"),
+    (dict(symmetric=False, scale=0.1, zero_point=-1), ValueError, r"zero_point: expected integers in \[0, 255\]; got -1"),
+    (dict(symmetric=False, scale=0.1, zero_point=2.5), ValueError, r"zero_point: expected integers in \[0, 255\]; got 2.5"),
+    (dict(granularity="row"), ValueError, r"granularity: expected one of \('tensor', 'channel', 'token'\); got 'row'"),
+], ids=["nan", "inf", "symmetric_no", "zero_point_symmetric", "zero_point_computed_scale",
+        "zero_point_300", "zero_point_negative", "zero_point_float", "granularity"])
+def test_int8_quantize_refuses_what_it_cannot_represent(kwargs, error, match):
+    """NaN became code 0 (with a RuntimeWarning), "no" was truthy, a zero point of 300 was ignored
+    or clamped codes to garbage."""
+    from preln.quant.int8 import quantize
+    kwargs = {"x": np.array([0.5, -1.0, 2.0]), **kwargs}
+    with pytest.raises(error, match=match):
+        quantize(**kwargs)
+
+
+def test_int8_quantize_keeps_a_legal_static_zero_point():
+    from preln.quant.int8 import dequantize, quantize
+    qt = quantize(np.array([0.0, 0.5, 1.0]), symmetric=False, scale=0.5, zero_point=np.int64(3))
+    np.testing.assert_array_equal(qt.q, [3, 4, 5])
+    np.testing.assert_array_equal(dequantize(qt), [0.0, 0.5, 1.0])
+
+
+@pytest.mark.parametrize("value, counts", [(np.nan, "2 nan and 0 inf"), (np.inf, "0 nan and 2 inf")])
+def test_group_rtn_refuses_non_finite_weights(value, counts):
+    """NaN/inf weights made garbage codes (an all-zero row of codes, a NaN scale)."""
+    from preln.quant.groups import rtn
+    w = np.ones((2, 4))
+    w[:, 1] = value
+    with pytest.raises(ValueError, match=rf"w: expected finite values; got {counts} among 8"):
+        rtn(w)
+    with pytest.raises(TypeError, match=r"symmetric: expected True or False; got 'no'"):
+        rtn(np.ones((2, 4)), symmetric="no")
+
+
+@pytest.fixture(scope="module")
+def gguf_tokenizer():
+    """A byte-level BPE vocabulary of the 256 byte characters and one control token."""
+    pytest.importorskip("tokenizers")
+    from preln.gguf.tokenizer import GGUFTokenizer, bytes_to_unicode
+    tokens = ["<|endoftext|>"] + list(bytes_to_unicode().values())
+    return GGUFTokenizer({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": tokens,
+                          "tokenizer.ggml.token_type": [3] + [1] * 256})
+
+
+@pytest.mark.parametrize("ids, match", [
+    ([1.5], r"ids: expected a non-empty 1-D integer array; got shape \(1,\), dtype float64"),
+    ([True], r"ids: expected a non-empty 1-D integer array; got shape \(1,\), dtype bool"),
+    ([[1, 2]], r"ids: expected a non-empty 1-D integer array; got shape \(1, 2\)"),
+    ([1, 257], r"ids: expected token ids in \[0, 257\); got \[1, 257\]"),
+    ([-1], r"ids: expected token ids in \[0, 257\); got \[-1, -1\]"),
+], ids=["float", "bool", "2d", "too_large", "minus_one"])
+def test_gguf_decode_refuses_ids_that_are_not_token_ids(gguf_tokenizer, ids, match):
+    """decode([1.5]) decoded id 1."""
+    with pytest.raises(ValueError, match=match):
+        gguf_tokenizer.decode(ids)
+
+
+def test_gguf_tokenizer_round_trip_and_a_lone_surrogate(gguf_tokenizer):
+    tok = gguf_tokenizer
+    assert tok.decode(tok.encode("héllo")) == "héllo" and tok.decode([]) == ""
+    with pytest.raises(ValueError, match=r"text: expected Unicode text \(encodable as UTF-8\); got '\\ud800' at index 2, a lone surrogate"):
+        tok.encode("ab\ud800")                       # was "TextInputSequence must be str"
+
+
+def test_gguf_chat_without_a_tokenizer_says_so():
+    """A model loaded with tokenizer=False raised "'NoneType' object has no attribute ..."."""
+    from preln import LlamaBlock, LlamaConfig
+    from preln.gguf.model import GGUFLlama
+    block = LlamaBlock(LlamaConfig(d_model=D, n_heads=2, n_kv_heads=1, d_ff=16))
+    lm = GGUFLlama(None, [block], own={}, tokenizer=None)
+    with pytest.raises(ValueError, match=r"tokenizer: expected a GGUFTokenizer to render the chat template; got None"):
+        lm.chat([{"role": "user", "content": "hi"}])
+
+
+@pytest.mark.parametrize("value, held", [(np.inf, "inf"), (np.nan, "nan")])
+def test_check_finite_says_a_non_finite_input_came_in(block, value, held):
+    """An inf input was reported as "largest |input| was 0" (the largest *finite* one)."""
+    strict = TransformerBlock(block.config, dtype=np.float64, check_finite=True)
+    x = x_of(1, 2, D)
+    x[0, 0, 0] = value
+    with pytest.raises(FloatingPointError, match=rf"^norm1\.variance: output float64\[1, 2, 1\] is not finite; "
+                                                  rf"an input already held {held} \(passed on, not an overflow"):
+        strict(x)
+
+
+@pytest.mark.parametrize("timeout, shown", [("0", "0.0"), ("-1", "-1.0"), ("nan", "nan")])
+def test_parallel_cli_refuses_a_timeout_that_cannot_run(capsys, timeout, shown):
+    """--timeout 0 was a traceback (the queue's or the spawn's)."""
+    from preln.parallel.distributed import main
+    with pytest.raises(SystemExit) as exit_:
+        main(["--simulate", "--timeout", timeout])
+    assert exit_.value.code == 2
+    assert f"--timeout: expected a positive float; got {shown}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, True, "0"])
+def test_block_seed_is_named(seed):
+    """seed=-1 raised numpy's "expected non-negative integer", naming no argument."""
+    from preln import LlamaBlock, LlamaConfig
+    match = rf"seed: expected an int >= 0, None or a np.random.SeedSequence; got {re.escape(repr(seed))}"
+    with pytest.raises(ValueError, match=match):
+        TransformerBlock(BlockConfig(d_model=D, n_heads=2, d_ff=16), seed=seed)
+    with pytest.raises(ValueError, match=match):
+        LlamaBlock(LlamaConfig(d_model=D, n_heads=2, n_kv_heads=1, d_ff=16), seed=seed)
+
+
+def test_block_seed_takes_what_a_stack_passes():
+    cfg = BlockConfig(d_model=D, n_heads=2, d_ff=16)
+    a = TransformerBlock(cfg, seed=np.random.SeedSequence(5).spawn(1)[0])
+    b = TransformerBlock(cfg, seed=np.random.SeedSequence(5).spawn(1)[0])
+    np.testing.assert_array_equal(a.params["linear1.weight"], b.params["linear1.weight"])
+    assert TransformerBlock(cfg, seed=np.int64(3)).params["linear1.weight"].shape == (16, D)
+
+
+@pytest.mark.parametrize("mask, error, match", [
+    (np.zeros((1, 8), int), TypeError, r"key_padding_mask: expected a bool array \(True = padding key\); got dtype int64"),
+    (np.zeros((1, 6), bool), ValueError, r"key_padding_mask: expected shape \(B, S\) = \(1, 8\); got \(1, 6\)"),
+], ids=["int", "shape"])
+def test_parallel_block_checks_its_mask(mask, error, match):
+    """An int mask was accepted (and read as True/False by the attention)."""
+    from preln.parallel import ParallelBlock, run_simulated
+    from preln.parallel.distributed import example_block
+    block = example_block("transformer")
+
+    def rank(comm):
+        ParallelBlock(block, comm, key_padding_mask=mask).forward(np.zeros((1, 8, block.config.d_model)))
+
+    with pytest.raises(error, match=match):
+        run_simulated(1, rank)

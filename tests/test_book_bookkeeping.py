@@ -14,7 +14,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "book").glob("*.ipynb"))
 HIDDEN = {"remove-cell", "remove-input"}           # the tags under which the site shows no code
-GLUE_ROLE = re.compile(r"\{glue(?::[a-z]*)?\}`([^`:]+)")
+# a quoted glued number: myst-nb's role, or the inline expression the chapters' prose uses
+# ({eval}`glue.text("name:fmt")`, preln.nb): group 1 or 2 is the name
+GLUE_ROLE = re.compile(r"""\{glue(?::[a-z]*)?\}`([^`:]+)|glue\.text\(["']([^"':]+)""")
 
 
 def _source(cell) -> str:
@@ -73,7 +75,7 @@ def test_no_glue_in_shown_cells(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_every_glue_role_is_glued(path):
     nb = json.loads(path.read_text())
-    used = {m.group(1) for c in nb["cells"] if c["cell_type"] == "markdown"
+    used = {m.group(1) or m.group(2) for c in nb["cells"] if c["cell_type"] == "markdown"
             for m in GLUE_ROLE.finditer(_source(c))}
     glued = {o.get("metadata", {}).get("scrapbook", {}).get("name")
              for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])}

@@ -8,7 +8,6 @@ the model package, failing under CI=true (tests/test_chapters_real_model.py's in
 """
 import json
 
-import numpy as np
 import pytest
 
 from preln.chapters import real_model as rm
@@ -21,6 +20,9 @@ from test_chapters_real_model import installed_or_skip  # noqa: E402
 #: > 4 (RTN 69.8, GPTQ 64.9, AWQ 48.4), so a wrong quantiser fails by four orders of magnitude
 PPL_TOL = 1e-3
 RUN = ("gptq", 1)
+#: the run's CPU seconds against the stored ones (49.6 s): machines and BLAS kernels differ by a
+#: few times at most
+CPU_FACTOR = 10
 
 
 def test_the_cheapest_stored_run_reproduces():
@@ -42,4 +44,7 @@ def test_the_cheapest_stored_run_reproduces():
     assert got["tokens"] == want["tokens"]
     assert abs(got["ppl"] - want["ppl"]) <= PPL_TOL, (got["ppl"], want["ppl"])
     assert abs(ppl_rtn - stored["ppl_rtn"]) <= PPL_TOL, (ppl_rtn, stored["ppl_rtn"])
-    assert np.isfinite(got["cpu_seconds"]) and got["cpu_seconds"] > 0
+    # the CPU time of the same work on another machine or kernel: within CPU_FACTOR of the stored
+    # one (a timer around the wrong span -- nothing, or the whole session -- is not)
+    assert want["cpu_seconds"] / CPU_FACTOR < got["cpu_seconds"] < want["cpu_seconds"] * CPU_FACTOR, \
+        (got["cpu_seconds"], want["cpu_seconds"])

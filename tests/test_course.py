@@ -196,6 +196,9 @@ CASES = {
     "global": "import preln.ops\nSM = preln.ops.softmax\ndef f(x):\n    return SM(x)",
     "class": "import preln.ops\nclass C:\n    def __call__(self, x):\n        return preln.ops.softmax(x)\ndef f(x):\n    return C()(x)",
     "magic cell": "%time x = 1\nimport preln.ops\ndef f(x):\n    return preln.ops.softmax(x)",
+    # a cell magic whose body IPython runs as code: read as that code (issue 36, item 5)
+    "%%capture": "%%capture\nfrom preln.ops import softmax\ndef f(x):\n    return softmax(x)",
+    "%%writefile": "%%writefile mine.py\nimport preln.ops\ndef f(x):\n    return preln.ops.softmax(x)",
 }
 
 
@@ -212,6 +215,21 @@ def test_own_code_is_fine():
     assert namecheck.forbidden_uses(["def f(b, x):\n    return TransformerBlock(b)"], ["f"],
                                     ["preln.TransformerBlock.backward"])
     assert namecheck.forbidden_uses(["def f(:\n"], ["f"], REFS) == []          # unparsable: nothing to find
+
+
+OWN_SOFTMAX = "def softmax(x, axis=-1):\n    e = np.exp(x - x.max(axis, keepdims=True))\n    return e / e.sum(axis, keepdims=True)"
+ATTENTION = "def attention(q):\n    return softmax(q)"
+
+
+@pytest.mark.parametrize("magics", ["%%time", "%%capture", "%%time -o t", "%%capture out\n%%time"])
+def test_an_answer_in_a_python_cell_magic_is_the_students_own(magics):
+    """q4's attention calls the student's softmax, defined in a cell that starts with %%time or
+    %%capture (issue 36, item 5: such a cell used to read as empty, and softmax as preln's)."""
+    cells = [f"{magics}\n{OWN_SOFTMAX}", ATTENTION]
+    assert namecheck.forbidden_uses(cells, ["attention"], ["preln.ops.softmax"]) == []
+    # the same cell under a magic whose body is not Python (a shell script) defines nothing
+    bash = [f"%%bash\n{OWN_SOFTMAX}", ATTENTION]
+    assert namecheck.forbidden_uses(bash, ["attention"], ["preln.ops.softmax"])
 
 
 # --- views.py: the package as a graded question sees it ----------------------------------------
@@ -365,3 +383,96 @@ def test_feedback_counts_failed_checks_not_failed_expectations():
     v = checks.evaluate(plan, {"c0": value, "c1": right}, {"q1": "ok"})["q1"]
     assert len(v.failures) == 2 and v.n_failed == 1
     assert v.lines()[0] == "Hidden checks: 1 of 2 failed."
+
+
+# --- cli.py: rosters, student ids and the grades CSV (issue 37; issue 36, item 4) ---------------
+from preln.grade import cli  # noqa: E402
+
+#: José as a Mac zip writes a folder's name (decomposed, NFD) and as a roster holds it (composed, NFC)
+JOSE_NFD, JOSE_NFC = "Jose\u0301", "Jos\u00e9"
+
+
+def test_a_roster_saved_by_excel_as_csv_utf8_is_read(tmp_path, capsys):
+    """A byte-order mark and CRLF line ends (Excel's "CSV UTF-8"): the column is found (named as a
+    spreadsheet may name it, "Student "), ids are NFC, and two spellings of one id are one student,
+    with a warning naming both."""
+    roster = tmp_path / "roster.csv"
+    roster.write_bytes(f"\ufeffStudent ,name\r\n{JOSE_NFC},a\r\n{JOSE_NFD},b\r\nx[1],c\r\n".encode())
+    assert cli.read_roster(roster) == [JOSE_NFC, "x[1]"]
+    assert "'Jose\\u0301', 'Jos\\xe9': one row, José" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("data, found", [
+    ("student\r\nJos\u00e9\r\n".encode("cp1252"), "byte 0xe9 on line 2, which is not UTF-8"),
+    ("student\r\nJos\u00e9\r\n".encode("utf-16"), "UTF-16 (Excel's \"Unicode Text\") text"),
+])
+def test_a_roster_in_another_encoding_is_refused_with_what_was_found(tmp_path, data, found):
+    roster = tmp_path / "roster.csv"
+    roster.write_bytes(data)
+    with pytest.raises(SystemExit) as e:
+        cli.read_roster(roster)
+    assert str(e.value).startswith("--roster: expected a CSV in UTF-8 (with or without a byte-order mark")
+    assert found in str(e.value), str(e.value)
+
+
+def test_student_folders_merge_by_nfc_and_warn_on_a_collision(tmp_path, capsys):
+    for folder in (JOSE_NFD, "Zo\u00eb", "Zoe\u0308", "x[1]"):
+        (tmp_path / folder).mkdir()
+    got = cli.student_folders(tmp_path, [JOSE_NFC, "heidi"])
+    assert got == {JOSE_NFC: [JOSE_NFD], "Zo\u00eb": sorted(["Zo\u00eb", "Zoe\u0308"]), "heidi": [], "x[1]": ["x[1]"]}
+    err = capsys.readouterr().err
+    assert "2 folders are one student after Unicode normalisation (NFC)" in err
+    assert "the folder 'Jose\\u0301' is not in Unicode NFC (a Mac zip writes names decomposed): graded as José" in err
+    ids = {cli.nbgrader_id(s) for s in got}
+    assert len(ids) == len(got) and all(i.isalnum() and i.isascii() for i in ids)    # nothing to glob
+
+
+def test_the_csv_is_inert_in_a_spreadsheet_and_numbers_stay_numbers(tmp_path):
+    """OWASP's CSV-injection rule on the text columns (student, status); scores stay numbers, negative
+    ones too (a penalty written by hand, say)."""
+    sheet = cli.Sheet(tmp_path, "derivation_ops")
+    q1 = next(gid for gid, _, kind in sheet.cells if kind == "auto")
+    formulas = ['=HYPERLINK("example.invalid","ok")', "+1", "-2", "@SUM(A1)", "\tx", "\rx"]
+    for student in formulas:
+        sheet.add(student, "ok", {q1: -1.5})
+    sheet.add("alice", "failed: =1+1 in a reason", {})
+    sheet.finish()
+    import csv as _csv
+    with open(tmp_path / "derivation_ops.csv", newline="") as f:
+        rows = list(_csv.DictReader(f))
+    assert sorted(r["student"] for r in rows) == sorted(["alice"] + ["'" + s for s in formulas])
+    assert all(not r["student"].startswith(cli.FORMULA_START) for r in rows)
+    col = sheet.columns[0]
+    assert {r[col] for r in rows if r["student"] != "alice"} == {"-1.5"}
+    assert {r["total"] for r in rows if r["student"] != "alice"} == {"-1.5"}
+
+
+# --- autograde.py and feedback.py: what the feedback shows ------------------------------------
+from preln.grade import autograde  # noqa: E402
+from preln.grade import feedback  # noqa: E402
+
+
+def _figure(png):
+    return [{"output_type": "display_data", "data": {"text/plain": "<Figure>", "image/png": png}}]
+
+
+@pytest.mark.parametrize("png, why", [
+    ({"dropped": 1000}, "the notebook's outputs passed the grader's limit"),      # the runner's budget
+    ({"dropped": wire.MAX_PNG + 4}, "over the grader's limit of 1536 kB per figure"),
+    ("A" * (wire.MAX_PNG + 4), "over the grader's limit of 1536 kB per figure"),
+    ("aGVsbG8=", "it is not a PNG image"),
+])
+def test_a_figure_not_kept_is_said_so(png, why):
+    out = autograde.sanitize_outputs(_figure(png))
+    assert [o["output_type"] for o in out] == ["display_data", "stream"]
+    assert "image/png" not in out[0]["data"] and why in out[1]["text"], out
+
+
+def test_student_markdown_is_reduced_to_inert_html():
+    html = feedback.clean('<p onclick="x()">a</p><script>s()</script><iframe src="f"></iframe><style>*{}</style>'
+                          '<form><input></form><a href="javascript:j()">l</a><div class="panel" style="top:0">b</div>'
+                          '<img src="data:image/svg+xml;base64,AA" onerror="e()"><span class="kn">import</span>')
+    assert "<p>a</p>" in html and '<span class="kn">' in html and "<div>b</div>" in html
+    for active in ("<script", "<iframe", "<style", "<form", "<input", "onclick", "onerror", "javascript:",
+                   "style=", 'class="panel"', "svg"):
+        assert active not in html.replace("&lt;", "\0"), active

@@ -16,9 +16,12 @@ import os
 import re
 import subprocess
 import sys
+import unicodedata
 from pathlib import Path
 
 import pytest
+
+from preln.grade import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "course"
@@ -77,7 +80,7 @@ def test_the_run_completes(graded):
 def test_every_row_is_the_expected_one(graded, name):
     got = rows(graded["out"] / f"{name}.csv")
     for student, want in EXPECTED[name].items():
-        row = got[student]
+        row = got[cli.inert(student)]                  # the CSV's cell: a formula-like id escaped
         assert row["status"].startswith(want["status"]), f"{name}/{student}: {row['status']!r}"
         if want["scores"] is not None:
             scores = {k: row[k] for k in want["scores"]}
@@ -106,7 +109,7 @@ def test_a_progress_line_per_notebook(graded):
     lines = [ln for ln in graded["res"].stdout.splitlines() if ln.startswith("[")]
     # missing and refused rows (a link: decided before any worker starts) are not graded notebooks
     n = sum(1 for name in NAMES for s in EXPECTED[name]
-            if not EXPECTED[name][s]["status"].startswith(("missing", "failed: refused")))
+            if not EXPECTED[name][s]["status"].startswith(("missing", "failed: refused", "failed: 2 submissions")))
     assert len(lines) == n, lines
     pattern = re.compile(r"^\[\s*\d+/\d+\] \S+/\S+  .+  \d+\.\d s  elapsed \d+:\d\d  ETA \d+:\d\d$")
     assert all(pattern.match(ln) for ln in lines), [ln for ln in lines if not pattern.match(ln)]
@@ -150,3 +153,106 @@ def test_issue_22_verdicts_cannot_be_read_or_steered(graded):
     assert "No credit: the code touches the grader's harness: grader_capture (a name)" in bea
     p = rows(graded["out"] / "preln_vs_postln.csv")
     assert p["alice"]["total"] == p["alice"]["possible"] == "21" and p["bea"]["total"] == "0"
+
+
+# ---- issue 37 and issue 36, items 3-5: ids, rosters, figures, magics, the student's HTML --------
+from preln.grade.make_fixtures import FORMULA_ID, NFD_ID, TWO_FOLDERS_ID  # noqa: E402
+
+JOSE = unicodedata.normalize("NFC", NFD_ID)
+
+
+def test_the_excel_roster_and_mac_names_give_one_row_per_student(graded):
+    """roster.csv is saved as Excel's "CSV UTF-8" (a byte-order mark, CRLF), and holds José composed
+    and decomposed; José's folder is decomposed (a Mac zip), Zoë has a folder of each form. One row
+    per student, under the composed (NFC) id: José full marks, Zoë refused with both folders named,
+    and a warning for each collision."""
+    raw = (FIXTURES / "roster.csv").read_bytes()
+    assert raw.startswith(b"\xef\xbb\xbfstudent\r\n") and NFD_ID.encode() in raw and JOSE.encode() in raw
+    with open(graded["out"] / "derivation_ops.csv", newline="", encoding="utf-8") as f:
+        ids = [r["student"] for r in csv.DictReader(f)]
+    assert len(ids) == len({unicodedata.normalize("NFC", i) for i in ids}) == len(set(ids)), ids
+    assert all(i == unicodedata.normalize("NFC", i) for i in ids)
+    d = rows(graded["out"] / "derivation_ops.csv")
+    assert d[JOSE]["total"] == d[JOSE]["possible"] == "20" and d["heidi"]["status"] == "missing"
+    assert d[TWO_FOLDERS_ID]["status"].startswith("failed: 2 submissions of one student, in the folders "
+                                                  "'Zoe\\u0308', 'Zo\\xeb'"), d[TWO_FOLDERS_ID]
+    err = graded["res"].stderr
+    assert "the roster spells one student in 2 ways that are the same after Unicode normalisation" in err
+    assert "2 folders are one student after Unicode normalisation (NFC)" in err
+    assert f"the folder {ascii(NFD_ID)} is not in Unicode NFC" in err
+    assert (graded["out"] / "feedback" / JOSE / "derivation_ops.html").is_file()
+
+
+def _pngs(html):
+    return re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)
+
+
+def test_figures_reach_the_feedback_whole_or_are_said_dropped(graded):
+    """mia's plt.show() with no magic (the sandbox's backend is the inline one) and finn's ~300 kB
+    figure are in the feedback, whole (the runner cuts text at 64 kB, never an image); finn's figure
+    past the limit per PNG is replaced by a line that says so and why. Both keep full marks."""
+    import base64
+    fb = graded["out"] / "feedback"
+    mia = _pngs((fb / "mia" / "derivation_ops.html").read_text())
+    assert len(mia) == 1 and base64.b64decode(mia[0])[:8] == b"\x89PNG\r\n\x1a\n"
+    finn = (fb / "finn" / "derivation_ops.html").read_text()
+    big = [p for p in _pngs(finn) if len(p) > 64 * 1024]
+    assert len(big) == 1 and base64.b64decode(big[0])[-8:] == b"IEND\xaeB`\x82", [len(p) for p in _pngs(finn)]
+    assert re.search(r"\[grader\] a figure was not kept here: its PNG is \d+ kB, over the grader's limit "
+                     r"of 1536 kB per figure", finn)
+    d = rows(graded["out"] / "derivation_ops.csv")
+    assert d["mia"]["total"] == d["finn"]["total"] == "20"
+
+
+def test_any_roster_id_grades_and_the_csv_is_inert(graded):
+    """x[1] (a glob to nbgrader) and a folder named as a spreadsheet formula grade in full; the
+    formula's CSV cell starts with ', and no text cell of any CSV starts like a formula."""
+    d = rows(graded["out"] / "derivation_ops.csv")
+    assert d["x[1]"]["total"] == d["'" + FORMULA_ID]["total"] == "20"
+    assert (graded["out"] / "feedback" / "x[1]" / "derivation_ops.html").is_file()
+    assert (graded["out"] / "feedback" / FORMULA_ID / "derivation_ops.html").is_file()
+    for name in NAMES:
+        for row in rows(graded["out"] / f"{name}.csv").values():
+            for key, cell in row.items():
+                if cell.startswith(cli.FORMULA_START):
+                    float(cell)                          # only a number (none here) may start so
+
+
+def test_an_answer_in_a_time_or_capture_cell_keeps_its_marks(graded):
+    """tess: q1 in a %%capture cell, q3's softmax (which q4's attention calls) in a %%time cell."""
+    t = rows(graded["out"] / "derivation_ops.csv")["tess"]
+    assert (t["q3_softmax"], t["q4_attention"], t["total"]) == ("3", "4", "20"), t
+
+
+class _Active(__import__("html.parser").parser.HTMLParser):
+    """What in a page could run or restyle: scripts, handlers, frames, forms, styles, script links."""
+
+    def __init__(self):
+        super().__init__()
+        self.found, self._in = [], None
+
+    def handle_starttag(self, tag, attrs):
+        if tag in ("iframe", "frame", "form", "input", "object", "embed", "svg", "math"):
+            self.found.append(tag)
+        self.found += [f"{tag} {k}" for k, v in attrs if k.startswith("on")
+                       or (v or "").strip().lower().startswith("javascript:")]
+        self._in = tag if tag in ("script", "style") else None
+
+    def handle_data(self, data):
+        if self._in and "XENA" in data:
+            self.found.append(f"{self._in}: {data.strip()[:60]}")
+
+
+def test_the_feedback_runs_none_of_the_students_html(graded):
+    """xena's written answer and its own markdown cell hold a script, an img onerror, an iframe, a
+    form, a style hiding the failed checks and a fixed "all passed" banner: in the feedback each is
+    text or gone, the answer itself is shown, and the grader's score banner is there. Full marks."""
+    page = (graded["out"] / "feedback" / "xena" / "derivation_ops.html").read_text()
+    parser = _Active()
+    parser.feed(page)
+    assert parser.found == [], parser.found
+    assert "XENA-ANSWER" in page and "XENA-OWN-ANSWER" in page
+    assert "&lt;script&gt;document.title" in page                   # shown as what it was
+    assert 'style="position: fixed' not in page and 'class="alert alert-success"' not in page
+    assert re.search(r"derivation_ops \(Score: 20\.0 / 22\.0\)", page)
+    assert rows(graded["out"] / "derivation_ops.csv")["xena"]["total"] == "20"

@@ -12,6 +12,7 @@ student's next notebook and the rest of the class are graded.
 """
 import csv
 import os
+import re
 import shutil
 import socket
 import stat
@@ -260,3 +261,81 @@ def test_feedback_shows_no_hidden_input_and_a_secret_keeps_honest_marks(tmp_path
     assert not [v for v in hidden if v in html], "hidden inputs in the feedback"
     if os.geteuid() == 0:                           # root-only files: the cell found nothing to read
         assert "/job/calls/" not in html
+
+
+# ---- issue 36, item 2: the grader's own work on a notebook is bounded before and after the sandbox
+#: what a notebook may hold before the grader parses it (preln/grade/cli.py)
+from preln.grade import cli  # noqa: E402
+from preln.grade import feedback as feedback_html  # noqa: E402
+
+#: a written answer mistune takes quadratic time on (100,000 characters took 90 s to render)
+BRACKETS = "[a](" * 25_000
+#: the feedback of one notebook, rendering included, on a loaded 2-core machine (unbounded: minutes)
+FEEDBACK_S = 60
+
+
+def test_the_grader_bounds_its_own_work_on_a_notebook(tmp_path):
+    """A notebook too wide (a cell's metadata holding more empty lists than a notebook has lists
+    and objects) or too deep is refused by a scan of its bytes before any parse, with the reason in
+    its row; a written answer of 100,000 characters of nested brackets is rendered from a bounded
+    copy (the feedback says what it left out) in bounded time, with full marks; the rest of the
+    class is graded."""
+    subs = tmp_path / "class"
+    write(honest(), subs, "alice")
+    wide = honest()
+    wide.cells[0].metadata["wide"] = [[] for _ in range(cli.MAX_CONTAINERS + 1)]
+    write(wide, subs, "wide")
+    deep = honest()
+    nest = []
+    for _ in range(cli.MAX_DEPTH + 1):
+        nest = [nest]
+    deep.cells[0].metadata["deep"] = nest
+    write(deep, subs, "deep")
+    long_md = honest()
+    written = next(c for c in long_md.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "w1_choices")
+    written.source = "LONG-ANSWER " + BRACKETS
+    write(long_md, subs, "longmd")
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "preln.grade", str(subs), "--out", str(out), "--assignment", NAME,
+           "--jobs", "2", "--timeout", str(CELL_S), "--verbose"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=2 * RUN_LIMIT_S)
+    completed(res, tmp_path)
+    got = rows(out / f"{NAME}.csv")
+    assert got["wide"]["status"].startswith(f"failed: refused: the notebook holds more than "
+                                            f"{cli.MAX_CONTAINERS:,} JSON lists and objects"), got["wide"]
+    assert got["deep"]["status"].startswith("failed: refused: the notebook's JSON is nested"), got["deep"]
+    for student in ("alice", "longmd"):
+        assert got[student]["status"] == "ok" and got[student]["total"] == "20", got[student]
+    page = (out / "feedback" / "longmd" / f"{NAME}.html").read_text()
+    assert "LONG-ANSWER" in page
+    assert f"[... {len(BRACKETS) + 12 - feedback_html.MAX_MARKDOWN_CELL} more characters not shown in the feedback" in page
+    seconds = [float(m) for m in re.findall(r"feedback (\d+\.\d) s", res.stdout)]
+    assert seconds and max(seconds) < FEEDBACK_S, res.stdout[-2000:]
+
+
+def test_the_shape_check_passes_every_fixture_notebook():
+    """Every notebook of the fixture class is far below the shape limits (none is refused by them)."""
+    for path in SUBS.glob("*/*/*.ipynb"):
+        if path.is_file() and not path.is_symlink():
+            assert cli.shape_refusal(path.read_bytes()) is None, path
+
+
+#: a worker's cap in the test below: above what an honest notebook needs (under 700 MB here, the
+#: worker's own libraries included), below what a 60 MB notebook costs in parses and copies (over 900 MB)
+TEST_WORKER_MB, HEAVY_MB = 900, 60
+
+
+def test_the_worker_has_a_memory_cap_of_its_own(tmp_path):
+    """A notebook under every size limit whose parses and copies take the grading worker past its
+    address-space cap (--worker-mem-mb) loses its row, with the reason; the honest one is graded."""
+    subs = tmp_path / "class"
+    write(honest(), subs, "alice")
+    heavy = honest()
+    heavy.cells[0].metadata["blob"] = "x" * (HEAVY_MB * 2 ** 20)
+    write(heavy, subs, "heavy")
+    res, _ = grade(subs, tmp_path / "out", "--timeout", str(CELL_S), "--worker-mem-mb", str(TEST_WORKER_MB))
+    completed(res, tmp_path)
+    got = rows(tmp_path / "out" / f"{NAME}.csv")
+    assert got["heavy"]["status"] == (f"failed: grading this notebook needed more than {TEST_WORKER_MB} MB in "
+                                      "the grader's own worker (--worker-mem-mb)"), got["heavy"]
+    assert got["alice"]["status"] == "ok" and got["alice"]["total"] == "20", got["alice"]

@@ -7,6 +7,7 @@ saying so (and refuses a class marked as hostile)."""
 import csv
 import json
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -458,3 +459,56 @@ def test_the_relay_through_a_persistent_keyring_finds_nothing(tmp_path):
     assert "RELAY stored 4 keys" in stored, stored              # every keyring took the key
     found = _run_cell(tmp_path, mf.RELAY_FETCH, "fetch")
     assert "RELAY nothing" in found, found
+
+
+# ---- issue 36, item 1: no relay through locks or the page cache's explicit probes -------------
+CHANNELS = r'''
+import ctypes, errno, fcntl, mmap, os, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+shared = os.path.join(sys.prefix, "pyvenv.cfg")          # a read-only file every sandbox sees
+fd = os.open(shared, os.O_RDONLY)
+def attempt(name, fn):
+    try:
+        fn()
+        print("CHANNEL", name, "ok")
+    except OSError as e:
+        print("CHANNEL", name, errno.errorcode.get(e.errno, e.errno))
+def check(r):
+    if r < 0:
+        raise OSError(ctypes.get_errno(), "")
+lock = struct.pack("hhqqi", fcntl.F_RDLCK, 0, 0, 1, 0)
+attempt("F_SETLK", lambda: fcntl.fcntl(fd, fcntl.F_SETLK, lock))
+attempt("F_GETLK", lambda: fcntl.fcntl(fd, fcntl.F_GETLK, lock))
+attempt("F_OFD_SETLK", lambda: fcntl.fcntl(fd, 37, lock))
+attempt("flock", lambda: fcntl.flock(fd, fcntl.LOCK_SH))
+attempt("fadvise", lambda: os.posix_fadvise(fd, 0, 4096, os.POSIX_FADV_DONTNEED))
+attempt("RWF_NOWAIT", lambda: os.preadv(fd, [bytearray(8)], 0, os.RWF_NOWAIT))
+page = libc.mmap(None, 4096, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+vec = ctypes.create_string_buffer(1)
+attempt("mincore", lambda: check(libc.mincore(ctypes.c_void_p(page), 4096, vec)))
+attempt("MADV_PAGEOUT", lambda: check(libc.madvise(ctypes.c_void_p(page), 4096, 21)))
+attempt("inotify", lambda: check(libc.inotify_init1(0)))
+attempt("io_uring", lambda: check(libc.syscall(425, 4, ctypes.create_string_buffer(120))))
+attempt("pread", lambda: os.pread(fd, 8, 0))                                   # what code needs still works
+attempt("preadv", lambda: os.preadv(fd, [bytearray(8)], 0))
+attempt("MADV_DONTNEED", lambda: check(libc.madvise(ctypes.c_void_p(page), 4096, mmap.MADV_DONTNEED)))
+'''
+#: what each attempt of CHANNELS gets in the sandbox (io_uring_setup is 425 on x86_64 and aarch64)
+REFUSED = {"F_SETLK": "ENOLCK", "F_GETLK": "ENOLCK", "F_OFD_SETLK": "ENOLCK", "flock": "EPERM",
+           "fadvise": "EPERM", "RWF_NOWAIT": "ENOTSUP", "mincore": "EPERM", "MADV_PAGEOUT": "EPERM",
+           "inotify": "EPERM", "io_uring": "EPERM", "pread": "ok", "preadv": "ok", "MADV_DONTNEED": "ok"}
+
+
+def test_no_lock_or_page_cache_probe_reaches_a_shared_file(tmp_path):
+    """Byte-range, OFD and flock locks (the lock relay between concurrent sandboxes), the page cache's
+    explicit probes and eviction (the fadvise / RWF_NOWAIT relay between a student's notebooks),
+    file events and io_uring are refused by the sandbox's seccomp filter; plain reads and mappings
+    work (issue 36, item 1)."""
+    if sandbox.seccomp_filter() is None:
+        pytest.fail(f"no seccomp filter for {platform.machine()}: the channels are open here")
+    out = _run_cell(tmp_path, CHANNELS, "channels")
+    got = dict(line.split()[1:3] for line in out.splitlines() if line.startswith("CHANNEL"))
+    assert got == REFUSED, got

@@ -42,12 +42,12 @@ def test_precision_figures_say_what_their_data_shows():
 
     ds = [512, 2048, 8192]
     alt, description = _closed_words(prec.plot_layernorm_thresholds(ds, np.sqrt(65520 / np.array(ds))))
-    assert "falls from 11.3 to 2.83" in alt and "lie on it" in alt and "5.66 at d = 2048" in description
+    assert "falls from 11.3 to 2.83" in alt and "lie on it" in alt and "5.66 at D = 2048" in description
 
     curves = {64: np.linspace(1, 3, 33)}
     alt, description = _closed_words(prec.plot_stream_growth(curves, (4096, 65520)))
     assert "reaches 3 in 32 blocks" in alt and "Xavier" not in alt
-    assert "d = 65520 at block 0" in description and "below the limit for d = 4096" in description
+    assert "D = 65520 at block 0" in description and "below the limit for D = 4096" in description
     alt, _ = _closed_words(prec.plot_stream_growth(curves, (4096,), xavier={64: np.linspace(1, 9, 9)}))
     assert "Xavier init 9 in 8, 16 times faster" in alt
 

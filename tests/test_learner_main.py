@@ -12,11 +12,11 @@ import yaml
 
 import preln
 from preln import __main__ as cli
+from tests.book_toc import toc_files
 
 ROOT = Path(__file__).resolve().parents[1]
 REPO_URL = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"].rstrip("/")
-TOC_CHAPTERS = [e["file"].split("/", 1)[1] for e in yaml.safe_load((ROOT / "_toc.yml").read_text())["chapters"]
-                if (ROOT / (e["file"] + ".ipynb")).is_file()]
+TOC_CHAPTERS = [f.split("/", 1)[1] for f in toc_files() if (ROOT / (f + ".ipynb")).is_file()]
 # chapter-column words that are not notebooks
 OTHER_USERS = {"every chapter", "assignments", "make bench", "python -m preln.parallel"}
 

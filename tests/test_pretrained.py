@@ -11,8 +11,10 @@ from preln.models.corpus import load_corpus
 TRAINED_PPL_MAX = 3.0
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def pre():
+    """A fresh copy per test (reference_lm trains once and deep-copies): a test that changes its
+    model -- the key bias below -- cannot leak into another, in any order."""
     return pretrained.reference_lm()
 
 

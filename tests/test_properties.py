@@ -109,4 +109,13 @@ def test_float64_input_is_cast_to_the_block_dtype(dtype):
     b = block(dtype)
     y = b(_x(0, 1, 3))                            # float64 x into a 16/32-bit block
     assert y.dtype == dtype == b.params["linear1.weight"].dtype
-    assert BFLOAT16 in SUPPORTED_DTYPES
+
+
+def test_each_supported_dtype_builds_a_block_from_its_name():
+    """The parametrisations above run over SUPPORTED_DTYPES; each, named as a learner names it
+    ("bfloat16"), gives a block storing that dtype (not a silent float64 one)."""
+    assert [np.dtype(d).name for d in SUPPORTED_DTYPES] == ["float64", "float32", "float16", "bfloat16"]
+    for d in SUPPORTED_DTYPES:
+        b = TransformerBlock(BlockConfig(d_model=D, n_heads=H, d_ff=F), dtype=np.dtype(d).name)
+        assert b.dtype == d and b.params["linear1.weight"].dtype == d
+    assert TransformerBlock(BlockConfig(d_model=D, n_heads=H, d_ff=F), dtype="bfloat16").dtype == BFLOAT16

@@ -284,7 +284,9 @@ def test_live_in_ipython_returns_an_interactive():
         assert len(ex.timings) == n and ex.timings[(2.0, "left")] >= 0
     finally:
         plt.close("all")
-        del ip
+        # the shell is a process-wide singleton: left behind, the tests after this one (on this
+        # xdist worker) ran "in a kernel" (test_live_needs_a_kernel failed in reverse order)
+        type(ip).clear_instance()
 
 
 def _site_extension():

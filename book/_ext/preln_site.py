@@ -22,14 +22,19 @@
   bibliography's deprecated ARIA role, myst-nb's hide-input toggle, and the theme's icon fonts
   cut down to the glyphs the pages use (the theme's Font Awesome script is left out by
   book/_templates/static/webpack-macros.html).
-- The site's root `index.html` is a page of its own (title, language, the contents, a link to the
-  first page), not the one-line meta-refresh sphinx-external-toc writes; a `404.html` (for a web
-  server's "not found") is another. Both are small self-contained pages in the theme's colours.
+- The site's root `index.html` is the book's front page (what it is, the block, "Start with
+  chapter 1", the map of the reading paths, the contents in parts with chapter numbers), not the
+  one-line meta-refresh sphinx-external-toc writes; a `404.html` (for a web server's "not found") is
+  another. Both are small self-contained pages in the theme's colours.
 - A figure's words are written once, by the code that draws it (preln.nb.set_alt): a notebook's
   figure output holds the PNG the site shows and an HTML copy with its alt and longer description
   (what JupyterLab shows). The site reads them from that copy, matched to the PNG by its bytes'
   SHA-256, which myst-nb names the file by: the image gets the alt, and a description in a
   `<details>` after it that the image names with aria-describedby.
+- "Deeper — skip on a first reading": each run of a notebook's `deeper`-tagged cells (a side road,
+  opened by a "Deeper: ..." heading) becomes one closed <details class="preln-deeper"> whose
+  <summary> names it; its headings stay anchors and page-contents entries. myst-nb marks only code
+  cells with their tags, so each markdown cell is marked as it is read (see the section below).
 - A student notebook downloads as `<name>_assignment.ipynb`, not under the chapter's own
   `<name>.ipynb` (the chapter page's download button): saved in one folder, neither replaces the
   other. Sphinx names a download after its file, which keeps nbgrader's name
@@ -43,6 +48,7 @@ import json
 import re
 from pathlib import Path
 
+from docutils import nodes
 from sphinx.util import logging
 from sphinx.util.nodes import make_refnode
 
@@ -333,6 +339,9 @@ _STANDALONE = """<!DOCTYPE html>
           max-width: 42rem; margin: 0 auto; padding: 2rem 1rem; }}
   a {{ color: var(--link); }}
   a:focus-visible {{ outline: 3px solid var(--ring); outline-offset: 2px; }}
+  img {{ max-width: 100%; height: auto; display: block; margin: 1rem auto; border-radius: 8px; }}
+  .start {{ font-size: 1.2rem; font-weight: 600; }}
+  h3 {{ margin-bottom: 0.2rem; }}
 </style>
 </head>
 <body>
@@ -342,6 +351,18 @@ _STANDALONE = """<!DOCTYPE html>
 </body>
 </html>
 """
+
+
+# The front page's two sentences and its two pictures (the block, the map of the reading paths),
+# with their alt text (the intro shows the same two figures, with captions).
+FRONT_WORDS = ("One residual block of a Transformer — the Pre-LN block most large language models use — "
+               "taken apart and rebuilt in plain numpy: every backward derived and checked, every cost "
+               "counted, every number computed by the code beside it. Start by building and training "
+               "the whole model in one sitting; then follow the core path, or every chapter.")
+FRONT_IMAGES = [("book/preln_block.svg", "Diagram of the Pre-LN block: x goes through LayerNorm and attention, "
+                 "is added back to x, then through LayerNorm and the MLP, added back again."),
+                ("book/_generated/chapter_map.svg", "Map of the chapters in their parts: a core path for a "
+                 "first reading, a full path through every chapter, and each chapter's reading time.")]
 
 
 def _toc_order(app) -> list[str]:
@@ -357,8 +378,54 @@ def _toc_order(app) -> list[str]:
     return order
 
 
+def _front_page(app, docs, title) -> str:
+    """The body of the site's front page: what the book is, the block, where to start, the map of
+    the reading paths and the contents in the parts of _toc.yml (numbered chapters)."""
+    import shutil
+    from html import escape
+
+    import yaml
+
+    src, out = Path(app.srcdir), Path(app.outdir)
+    uri = app.builder.get_target_uri
+    front = out / "_static" / "front"
+    front.mkdir(parents=True, exist_ok=True)
+    images = []
+    for name, alt in FRONT_IMAGES:
+        path = src / name
+        if path.is_file():
+            shutil.copyfile(path, front / path.name)
+            images.append(f'<img src="_static/front/{path.name}" alt="{escape(alt)}">')
+    toc = yaml.safe_load((src / "_toc.yml").read_text())
+    root = app.config.root_doc
+    parts, number, first, short_of = [], 0, None, {}
+    for part in toc.get("parts", []):
+        entries = [(e["file"], e.get("title")) for e in part.get("chapters", []) if e["file"] in docs]
+        chapters = all((src / f"{f}.ipynb").is_file() for f, _ in entries)
+        items = []
+        for f, short in entries:
+            label = short_of[f] = escape(short or app.env.titles[f].astext())
+            items.append(f'<li><a href="{uri(f)}">{label}</a></li>')
+            first = first or (f if chapters else None)
+        start = f' start="{number + 1}"' if chapters else ""
+        number += len(entries) if chapters else 0
+        tag = "ol" if chapters else "ul"
+        parts.append(f"<h3>{escape(part['caption'])}</h3>\n<{tag}{start}>\n" + "\n".join(items) + f"\n</{tag}>")
+    start_link = (f'<p class="start"><a href="{uri(first)}">Start with chapter 1: '
+                  f"{short_of[first]}</a> · "
+                  f'<a href="{uri(root)}">Read the introduction</a></p>') if first else \
+        f'<p class="start"><a href="{uri(root)}">Start reading</a></p>'
+    return (f"<h1>{escape(title)}</h1>\n<p>{FRONT_WORDS}</p>\n"
+            + (images[0] + "\n" if images else "") + start_link + "\n"
+            + ("<h2>Two ways through the book</h2>\n<p>The core path is a first reading; the full path is "
+               "every chapter and side road. Times are estimates.</p>\n" + images[1] + "\n" if len(images) > 1 else "")
+            + '<nav aria-label="Contents"><h2>Contents</h2>\n'
+            + f'<p><a href="{uri(root)}">Introduction: {escape(app.env.titles[root].astext())}</a></p>\n'
+            + "\n".join(parts) + "\n</nav>\n")
+
+
 def write_root_pages(app, exception):
-    """index.html (the contents, a link to the first page) and 404.html, in the output folder."""
+    """index.html (the book's front page) and 404.html, in the output folder."""
     if exception is not None or app.builder.format != "html":
         return
     from html import escape
@@ -369,14 +436,9 @@ def write_root_pages(app, exception):
     title = getattr(app.config, "html_title", None) or app.config.project or "Home"
     docs = [d for d in _toc_order(app) if d in app.env.titles]
     root = app.config.root_doc
-    items = "\n".join(f'<li><a href="{app.builder.get_target_uri(d)}">{escape(app.env.titles[d].astext())}</a></li>'
-                       for d in docs)
-    index = (f"<h1>{escape(title)}</h1>\n"
-             f'<p><a href="{app.builder.get_target_uri(root)}">Start reading: '
-             f"{escape(app.env.titles[root].astext())}</a></p>\n"
-             f'<nav aria-label="Contents"><h2>Contents</h2>\n<ol>\n{items}\n</ol></nav>\n')
     if root != "index":
-        (out / "index.html").write_text(_STANDALONE.format(lang=lang, title=escape(title), root="", body=index),
+        (out / "index.html").write_text(_STANDALONE.format(lang=lang, title=escape(title), root="",
+                                                           body=_front_page(app, docs, title)),
                                         encoding="utf-8")
     # A server shows 404.html at whatever path was asked for: its links find the site's root from
     # that path (the part before the first of the site's own folders), else the server's root.
@@ -397,6 +459,189 @@ def write_root_pages(app, exception):
                                                      root="/", body=missing), encoding="utf-8")
 
 
+# ---- "Deeper — skip on a first reading": a run of `deeper` cells, one collapsed <details> ------
+# The convention (book/ chapters, tests/test_learner_aids.py): every cell of a side road carries the
+# cell tag `deeper`, and its first cell is a markdown cell that starts with a heading "Deeper: ...".
+# myst-nb 1.4 gives a code cell's container its tags (classes tag_<name>, and cell_metadata), but
+# renders a markdown cell as a pass-through: its paragraphs and headings join the page's sections
+# and nothing in the doctree says where the cell began (myst_nb/core/render.py,
+# render_nb_cell_markdown). So, when Sphinx reads a notebook that has `deeper` cells, each markdown
+# cell gets a MyST line comment as its first line, `% preln-cell <index> deeper|main`, which myst
+# renders as a comment node where the cell begins. Once the doctree is resolved (after the page
+# ToC was collected from the unwrapped sections: the deeper headings stay in it), each run of
+# deeper cells -- from its "Deeper:" section to the first cell that is not deeper -- is wrapped in a
+# `deeper` node, written as <details class="preln-deeper"> with a <summary> that names it; what
+# docutils nested inside the deeper section after the run ended (the main path resuming with a
+# paragraph or a code cell) is moved out after it. The markers are then removed.
+
+DEEPER_TAG = "deeper"
+DEEPER_PREFIX = "Deeper: "
+DEEPER_SUMMARY = "Deeper \u2014 skip on a first reading: "
+_MARK = re.compile(r"^preln-cell (\d+) (deeper|main)$")
+
+
+class deeper(nodes.General, nodes.Element):
+    """A run of `deeper` cells: <details class="preln-deeper"> on the site."""
+
+
+class deeper_summary(nodes.Part, nodes.TextElement):
+    """The <summary> of a `deeper` node: DEEPER_SUMMARY and the heading's words."""
+
+
+def mark_markdown_cells(text: str) -> str:
+    """A notebook's JSON with `% preln-cell <index> deeper|main` as the first line of every
+    markdown cell, if any cell is tagged `deeper` (else the text unchanged)."""
+    notebook = json.loads(text)
+    cells = notebook.get("cells", [])
+    if not any(DEEPER_TAG in c.get("metadata", {}).get("tags", []) for c in cells):
+        return text
+    for i, cell in enumerate(cells):
+        if cell.get("cell_type") != "markdown":
+            continue
+        source = "".join(cell.get("source", []))
+        if not source.strip():
+            continue           # myst-nb skips an empty cell; a lone comment would not be empty
+        kind = "deeper" if DEEPER_TAG in cell.get("metadata", {}).get("tags", []) else "main"
+        cell["source"] = f"% preln-cell {i} {kind}\n" + source
+    return json.dumps(notebook)
+
+
+def _mark_source(app, docname, source):
+    if Path(app.env.doc2path(docname)).suffix == ".ipynb":
+        source[0] = mark_markdown_cells(source[0])
+
+
+def _cell_bounds(doctree):
+    """[(node, is_deeper)] for every cell's first node, in document order: the markdown cells'
+    markers and the code cells' containers."""
+    bounds = []
+    for node in doctree.findall(lambda n: isinstance(n, (nodes.comment, nodes.container))):
+        if isinstance(node, nodes.comment):
+            m = _MARK.match(node.astext().strip())
+            if m:
+                bounds.append((node, m.group(2) == "deeper"))
+        elif node.get("nb_element") == "cell_code":
+            bounds.append((node, f"tag_{DEEPER_TAG}" in node["classes"]))
+    return bounds
+
+
+def _contains(tree, node) -> bool:
+    while node is not None:
+        if node is tree:
+            return True
+        node = node.parent
+    return False
+
+
+def _ancestors(node):
+    """node, its parent, its parent's parent, ... up to the document."""
+    while node is not None:
+        yield node
+        node = node.parent
+
+
+def _summary(title):
+    """The run's <summary>: DEEPER_SUMMARY, then the heading's own nodes without "Deeper: "."""
+    words = [child.deepcopy() for child in title.children]
+    if words and isinstance(words[0], nodes.Text):
+        words[0] = nodes.Text(str(words[0]).removeprefix(DEEPER_PREFIX))
+    return deeper_summary("", nodes.Text(DEEPER_SUMMARY), *words)
+
+
+def wrap_deeper_runs(doctree, docname="") -> int:
+    """Wrap each run of deeper cells of a marked notebook's doctree in a `deeper` node; return
+    how many. A run that does not start with a "Deeper:" heading is left open (with a warning)."""
+    bounds = _cell_bounds(doctree)
+    runs = []
+    for i, (node, is_deeper) in enumerate(bounds):
+        if is_deeper and (i == 0 or not bounds[i - 1][1]):
+            end = next((n for n, d in bounds[i + 1:] if not d), None)
+            runs.append((node, end))
+    wrapped = 0
+    for start, end in runs:
+        section = start.next_node(nodes.section, include_self=False, descend=True, siblings=True, ascend=True)
+        title = section.next_node(nodes.title) if section is not None else None
+        if not (isinstance(start, nodes.comment) and title is not None and title.astext().startswith(DEEPER_PREFIX)):
+            logger.warning("%s: a run of `deeper` cells must start with a markdown cell whose heading "
+                           "begins %r; this one is left open", docname, DEEPER_PREFIX, location=start)
+            continue
+        parent = section.parent
+        top = next((a for a in _ancestors(end) if a.parent is parent), None) if end is not None else None
+        if top is not None and top is not end:
+            # The first cell after the run begins inside the run's last section (docutils put the
+            # marker, or the next cell's paragraphs, there): it and all after it in that section
+            # move out, after the section, so that the section holds only the run.
+            moved, child = [], end
+            while child is not top:
+                up = child.parent
+                i = up.index(child) + (0 if child is end else 1)
+                moved += up.children[i:]
+                del up.children[i:]
+                child = up
+            if any(isinstance(n, nodes.section) for n in moved):
+                logger.warning("%s: a heading nested in a `deeper` section follows its run: it moves up a "
+                               "level (start the main path with a heading of the deeper one's level or higher)",
+                               docname, location=end)
+            at = parent.index(top) + 1
+            parent[at:at] = moved
+        elif end is not None and top is None:
+            logger.warning("%s: the `deeper` run starting %r goes on past the end of the section that holds "
+                           "its heading; only that section's part is collapsed", docname, title.astext(),
+                           location=start)
+        group = [section]
+        k = parent.index(section) + 1
+        while k < len(parent) and not (end is not None and _contains(parent[k], end)):
+            group.append(parent[k])
+            k += 1
+        at = parent.index(section)
+        del parent[at:at + len(group)]
+        parent.insert(at, deeper("", _summary(title), *group, classes=["preln-deeper"]))
+        wrapped += 1
+    for node, _ in bounds:
+        if isinstance(node, nodes.comment) and node.parent is not None:
+            node.parent.remove(node)
+    return wrapped
+
+
+def _wrap_deeper(app, doctree, docname):
+    if Path(app.env.doc2path(docname)).suffix == ".ipynb":
+        wrap_deeper_runs(doctree, docname)
+
+
+def visit_deeper_html(self, node):
+    self.body.append('<details class="preln-deeper">\n')
+
+
+def depart_deeper_html(self, node):
+    self.body.append("</details>\n")
+
+
+def visit_deeper_summary_html(self, node):
+    self.body.append('<summary class="preln-deeper-summary">')
+
+
+def depart_deeper_summary_html(self, node):
+    self.body.append("</summary>\n")
+
+
+def _pass(self, node):
+    pass
+
+
+def _skip(self, node):
+    raise nodes.SkipNode
+
+
+def setup_deeper(app):
+    """The deeper-run mechanism alone (also what tests/test_learner_aids.py builds a tiny book with)."""
+    app.connect("source-read", _mark_source)
+    app.connect("doctree-resolved", _wrap_deeper)
+    other = {fmt: (_pass, None) for fmt in ("latex", "text", "man", "texinfo")}
+    app.add_node(deeper, html=(visit_deeper_html, depart_deeper_html), **other)
+    app.add_node(deeper_summary, html=(visit_deeper_summary_html, depart_deeper_summary_html),
+                 **{fmt: (_skip, None) for fmt in other})
+
+
 def setup(app):
     from myst_nb.sphinx_ import HideCodeCellNode
 
@@ -409,4 +654,5 @@ def setup(app):
     # after Sphinx's own resolvers (intersphinx, the builtin resolver) had their go
     app.connect("missing-reference", resolve_docstring_refs, priority=900)
     app.add_node(HideCodeCellNode, override=True, html=(visit_hide_cell_input, depart_hide_cell_input))
+    setup_deeper(app)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -254,6 +254,21 @@
     });
   });
 
+  // 3b. A side road ("Deeper — skip on a first reading", <details class="preln-deeper">) opens
+  //     when the address names a heading or anchor inside it (a link, the page's contents, a
+  //     search result), so that the target is on screen rather than inside a closed box.
+  function openDeeperTarget() {
+    var id = location.hash.slice(1), target = null;
+    try { target = id && document.getElementById(decodeURIComponent(id)); } catch (e) { return; }
+    var opened = false;
+    for (var d = target && target.closest("details.preln-deeper"); d; d = d.parentElement && d.parentElement.closest("details.preln-deeper")) {
+      if (!d.open) { d.open = true; opened = true; }
+    }
+    if (opened) target.scrollIntoView();
+  }
+  document.addEventListener("DOMContentLoaded", openDeeperTarget);
+  window.addEventListener("hashchange", openDeeperTarget);
+
   // 4. Printing (and `make pdf`): every dropdown (a solution, a toggled note) is printed open, and
   //    closed again afterwards: a closed <details> cannot be opened by a print stylesheet. Code
   //    cells a chapter hides (myst-nb's hide-input, details.hide) stay hidden. Nothing scrolls on

@@ -13,8 +13,8 @@
     inf.predict_generation(llama, inf.PUBLISHED["H100 SXM"], batch=1, prompt=512, n_new=128)
 
 The roofline (Williams, Waterman & Patterson 2009, CACM 52(4)) bounds the speed of a kernel that
-does F FLOPs and moves Q bytes between main memory and the processor by
-``min(peak, bandwidth * F / Q)``: below the *ridge point* ``peak / bandwidth`` (FLOPs per byte)
+does ``flops`` FLOPs and moves ``nbytes`` bytes between main memory and the processor by
+``min(peak, bandwidth * flops / nbytes)``: below the *ridge point* ``peak / bandwidth`` (FLOPs per byte)
 a kernel is memory-bound.
 
 Bytes per op

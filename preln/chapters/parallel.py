@@ -203,8 +203,9 @@ def tp_layer_times(model, tokens, world, link, gpu=GPU, latency=LINK_LATENCY, it
 
 
 def tp_break_even(model, link, gpu=GPU, itemsize=2):
-    """The P at which communication equals compute, latency left out: 6 M / (P F) = 8 (P-1)/P D s / BW
-    gives P - 1 = 3 M BW / (4 D s F) for M matrix weights per layer, width D, s bytes per value."""
+    """The P at which communication equals compute, latency left out: 6 Psi / (P R_peak) = 8 (P-1)/P
+    D s / BW gives P - 1 = 3 Psi BW / (4 D s R_peak) for Psi matrix weights per layer, width D, s bytes
+    per value and R_peak the GPU's peak FLOP/s (the chapter's letters)."""
     return 1 + 3 * model.layer_matrix_params() * link.bandwidth / (4 * model.d_model * itemsize * gpu.peak_flops)
 
 

@@ -29,6 +29,7 @@ from preln.models.llama_lm import LlamaLMConfig
 from preln.nn.llama import LlamaBlock
 from preln.nn.stack import StackKVCache
 from preln.ops import linear_forward, rms_norm_forward
+from preln.validation import nonnegative_float
 
 __all__ = ["GGUFLlama", "load", "smollm2_path", "install_missing", "SMOLLM2_INSTALL", "SMOLLM2_FILE",
            "GGUF_EXTRA", "config_from_metadata"]
@@ -212,8 +213,7 @@ class GGUFLlama:
         ids = self._check_ids(ids[None] if one else ids, "ids").astype(np.int64)
         if isinstance(n_new, bool) or not isinstance(n_new, (int, np.integer)) or n_new < 0:
             raise ValueError(f"n_new: expected an int >= 0; got {n_new!r}")
-        if not isinstance(temperature, (int, float, np.floating)) or not temperature >= 0:
-            raise ValueError(f"temperature: expected a number >= 0 (0 = greedy); got {temperature!r}")
+        nonnegative_float(temperature, "temperature")             # before the cache is allocated
         B, S0 = ids.shape
         rng = np.random.default_rng(seed)
         out = np.empty((B, S0 + n_new), np.int64)
@@ -230,6 +230,10 @@ class GGUFLlama:
 
     def chat(self, messages, n_new=64, temperature=0.0, seed=None):
         """The assistant's reply to ``messages`` (the file's chat template), as text."""
+        if self.tokenizer is None:   # else "'NoneType' object has no attribute 'apply_chat_template'"
+            raise ValueError("tokenizer: expected a GGUFTokenizer to render the chat template; got None "
+                             "(the model was loaded with tokenizer=False): load(path) with the "
+                             "tokenizer, or call generate(ids, n_new) with token ids")
         prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         out = self.generate(np.array(prompt), n_new, temperature, seed, stop_at_eos=True)
         return self.tokenizer.decode(out[len(prompt):], skip_special_tokens=True)

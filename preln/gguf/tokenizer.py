@@ -10,7 +10,10 @@ the ids against ``AutoTokenizer.from_pretrained(dir, gguf_file=...)``.
 """
 import json
 
+import numpy as np
+
 from preln.gguf.file import GGUFError, require
+from preln.validation import check_token_ids
 
 __all__ = ["GGUFTokenizer", "TOKENIZERS_INSTALL", "JINJA_INSTALL"]
 
@@ -108,6 +111,11 @@ class GGUFTokenizer:
         add_special_tokens: prepend BOS / append EOS where the file asks for it (``add_bos_token``)."""
         if not isinstance(text, str):
             raise TypeError(f"text: expected a str; got {type(text).__name__}")
+        try:                      # a lone surrogate ('\ud800') is a str the backend cannot take
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"text: expected Unicode text (encodable as UTF-8); got {text[e.start:e.end]!r} "
+                             f"at index {e.start}, a lone surrogate") from None
         ids = self.backend.encode(text, add_special_tokens=False).ids
         if add_special_tokens and self.add_bos and self.bos_token_id is not None:
             ids = [self.bos_token_id] + ids
@@ -116,12 +124,13 @@ class GGUFTokenizer:
         return ids
 
     def decode(self, ids, skip_special_tokens=False):
-        """ids -> text (bytes that do not form UTF-8 come out as U+FFFD)."""
-        ids = [int(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]
-        bad = [i for i in ids if not 0 <= i < self.vocab_size]
-        if bad:
-            raise ValueError(f"ids: expected ids in [0, {self.vocab_size}); got {bad[0]}")
-        return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
+        """ids -> text (bytes that do not form UTF-8 come out as U+FFFD); no ids -> "".
+        Integer ids only: 1.5 is refused, not read as 1."""
+        ids = np.asarray(ids)
+        if ids.size == 0 and ids.ndim == 1:
+            return ""
+        ids = check_token_ids(ids, self.vocab_size, "ids", ndim=1)
+        return self.backend.decode(ids.tolist(), skip_special_tokens=skip_special_tokens)
 
     def render_chat(self, messages, add_generation_prompt=False):
         """The file's chat template (Jinja) rendered as transformers renders it: a sandbox, blocks

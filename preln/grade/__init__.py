@@ -8,7 +8,8 @@
 
 The parts: nbtools (reading nbgrader notebooks), checks (the hidden checks' plans and verdicts),
 wire (results as data), namecheck, views (the student's view of preln), sandbox (bubblewrap),
-autograde (nbgrader's Execute replaced), sandbox_lib/ (what runs inside the sandbox, standalone
+autograde (nbgrader's Execute replaced), feedback (the feedback page, students' HTML made inert),
+sandbox_lib/ (what runs inside the sandbox, standalone
 modules copied there), edition/ (the instructor edition: the clone's assignments/, or its copy in a
 wheel). A top layer: it imports the rest of preln; nothing in preln imports it.
 """

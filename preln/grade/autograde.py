@@ -35,6 +35,7 @@ from . import checks
 from . import nbtools
 from . import sandbox
 from . import views
+from .wire import MAX_PNG
 
 LIB_FILES = ["sandbox_lib/grader_runner.py", "sandbox_lib/grader_capture.py", "wire.py"]
 HERE = Path(__file__).resolve().parent
@@ -170,7 +171,8 @@ def grade_notebook(nb, plan, settings, root=None, slot=0):
 
 # ---- what goes back into the notebook --------------------------------------------------------
 MAX_TEXT = 20_000
-MAX_PNG = 2 * 2 ** 20
+#: what the sandbox's runner sends when its outputs' budget of the notebook is spent (grader_runner.py)
+RUNNER_BUDGET_MB = 8
 
 
 def _clean_text(v):
@@ -179,8 +181,29 @@ def _clean_text(v):
     return v[:MAX_TEXT] if isinstance(v, str) else ""
 
 
+def _png(png):
+    """(the PNG's base64 text, None) if ``png`` is one to show, else (None, why it is not)."""
+    if isinstance(png, dict) and isinstance(png.get("dropped"), int) and png["dropped"] <= MAX_PNG:
+        return None, (f"the notebook's outputs passed the grader's limit ({RUNNER_BUDGET_MB} MB in all) "
+                      "before it")
+    size = png["dropped"] if isinstance(png, dict) and isinstance(png.get("dropped"), int) else \
+        len(png) if isinstance(png, str) else None
+    if size is not None and size > MAX_PNG:
+        return None, (f"its PNG is {size * 3 // 4 // 1024} kB, over the grader's limit of "
+                      f"{MAX_PNG * 3 // 4 // 1024} kB per figure")
+    if isinstance(png, str):
+        png = png.replace("\n", "")
+        try:
+            if base64.b64decode(png, validate=True)[:8] == b"\x89PNG\r\n\x1a\n":
+                return png, None
+        except ValueError:
+            pass
+    return None, "it is not a PNG image"
+
+
 def sanitize_outputs(outputs):
-    """The sandbox's outputs of one cell, reduced to what is safe to show (text and PNG images)."""
+    """The sandbox's outputs of one cell, reduced to what is safe to show (text and PNG images); a
+    figure that is not kept is replaced by a line that says so and why."""
     out = []
     if not isinstance(outputs, list):
         return out
@@ -200,22 +223,20 @@ def sanitize_outputs(outputs):
             clean = {}
             if "text/plain" in data:
                 clean["text/plain"] = _clean_text(data["text/plain"])
-            png = data.get("image/png")
-            if isinstance(png, str) and len(png) <= MAX_PNG:
-                try:
-                    raw = base64.b64decode(png.replace("\n", ""), validate=True)
-                    if raw[:8] == b"\x89PNG\r\n\x1a\n":
-                        clean["image/png"] = png.replace("\n", "")
-                except ValueError:
-                    pass
-            if not clean:
-                continue
-            if kind == "execute_result":
+            dropped = None
+            if "image/png" in data:
+                png, dropped = _png(data["image/png"])
+                if png is not None:
+                    clean["image/png"] = png
+            if kind == "execute_result" and clean:
                 count = o.get("execution_count")
                 out.append(nbformat.v4.new_output("execute_result", data=clean,
                                                   execution_count=count if isinstance(count, int) else None))
-            else:
+            elif clean:
                 out.append(nbformat.v4.new_output("display_data", data=clean))
+            if dropped:
+                out.append(nbformat.v4.new_output("stream", name="stdout",
+                                                  text=f"[grader] a figure was not kept here: {dropped}\n"))
     return out
 
 

@@ -2,11 +2,15 @@
 
     python -m preln.grade SUBMISSIONS [--roster roster.csv] [--out DIR] [--course DIR]
         [--jobs N] [--assignment NAME ...] [--timeout 60] [--call-timeout 10] [--mem-mb 2048]
-        [--cpu-s 600] [--total-mem-mb 4096] [--no-sandbox] [--no-feedback] [--keep]
+        [--cpu-s 600] [--total-mem-mb 4096] [--worker-mem-mb 4096] [--notebook-s 1200] [--no-sandbox]
+        [--no-feedback] [--keep]
 
 SUBMISSIONS is nbgrader's layout, SUBMISSIONS/<student>/<assignment>/<assignment>.ipynb. The
-roster (optional) is a CSV with a column `student` (or `id`); a roster student with no submission
-gets a row with status `missing`. For each assignment of the instructor edition (--course: default
+roster (optional) is a CSV in UTF-8 (with or without a byte-order mark) with a column `student` (or
+`id`); a roster student with no submission gets a row with status `missing`. Ids from folders and
+the roster are compared in Unicode NFC (one row per student); nbgrader grades each under a safe
+name made from it, and the CSV is inert in a spreadsheet (a text cell that starts like a formula
+starts with '). For each assignment of the instructor edition (--course: default
 the clone's assignments/, or outside a clone the copy in the installed package) it writes
 <out>/<assignment>.csv (--out: default _build/grades/ in a clone, ./grades/ elsewhere) with the columns
 
@@ -36,12 +40,15 @@ import json
 import multiprocessing
 import multiprocessing.connection
 import os
+import re
+import resource
 import shutil
 import stat
 import sys
 import tempfile
 import time
 import traceback
+import unicodedata
 import warnings
 from pathlib import Path
 
@@ -54,16 +61,108 @@ from . import nbtools  # noqa: E402
 NO_SANDBOX = "not sandboxed: --no-sandbox"
 
 
+#: what a roster may be: UTF-8, with or without the byte-order mark Excel's "CSV UTF-8" writes
+ROSTER_ENCODING = "utf-8-sig"
+#: byte-order marks of the encodings a roster is not, named for the error
+_OTHER_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),
+               (b"\xff\xfe", "UTF-16 (Excel's \"Unicode Text\")"), (b"\xfe\xff", "UTF-16"))
+
+
+def student_id(name):
+    """A student's id as the grader compares, sorts and reports it: Unicode NFC, so that a folder a Mac
+    zip wrote decomposed (NFD) and the roster's composed spelling are one student."""
+    return unicodedata.normalize("NFC", name)
+
+
+def _not_utf8(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    for bom, name in _OTHER_BOMS:
+        if raw.startswith(bom):
+            return f"{name} text"
+    try:
+        raw.decode(ROSTER_ENCODING)
+        return "text that is not UTF-8"
+    except UnicodeDecodeError as e:
+        err = e
+    line = raw[:err.start].count(b"\n") + 1
+    return (f"byte {raw[err.start]:#04x} on line {line}, which is not UTF-8 (a file in Latin-1 or "
+            "Windows-1252, as Excel's plain \"CSV\" writes it, perhaps)")
+
+
 def read_roster(path):
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    """The roster's student ids (NFC), in its order, each once; a CSV with a column `student` or `id`
+    in UTF-8, with or without a byte-order mark. Ids that are one after normalisation are warned about."""
+    try:
+        with open(path, newline="", encoding=ROSTER_ENCODING) as f:
+            # column names as a person reads them: "Student", " id " (a spreadsheet's export) match
+            rows = [{(k or "").strip().lower(): v or "" for k, v in r.items()} for r in csv.DictReader(f)]
+    except UnicodeDecodeError:
+        raise SystemExit(f"--roster: expected a CSV in UTF-8 (with or without a byte-order mark: Excel's "
+                         f"\"CSV UTF-8\"); got {_not_utf8(path)} in {path}: save it as CSV UTF-8") from None
     if rows and not ({"student", "id"} & set(rows[0])):
         raise SystemExit(f"--roster: expected a CSV with a column `student` or `id`; got columns {list(rows[0])}")
-    return [(r.get("student") or r.get("id")).strip() for r in rows if (r.get("student") or r.get("id"))]
+    raw = [(r.get("student") or r.get("id")).strip() for r in rows if (r.get("student") or r.get("id"))]
+    ids = {}
+    for name in raw:
+        ids.setdefault(student_id(name), []).append(name)
+    for sid, names in ids.items():
+        if len(set(names)) > 1:
+            warn(f"the roster spells one student in {len(set(names))} ways that are the same after Unicode "
+                 f"normalisation (NFC): {', '.join(ascii(n) for n in sorted(set(names)))}: one row, {sid}")
+    return list(ids)
+
+
+def warn(text):
+    print(f"make grade: warning: {text}", file=sys.stderr, flush=True)
+
+
+def student_folders(submissions, roster):
+    """{student id: its folders' names} of everyone to grade: each folder of ``submissions`` (a link
+    too: refused later with a row of its own; never followed) and each roster id, merged by
+    :func:`student_id`. Two folders that are one id are warned about (their row says which to keep)."""
+    folders = {}
+    for e in os.scandir(submissions):
+        if not e.name.startswith(".") and (e.is_dir(follow_symlinks=False) or e.is_symlink()):
+            folders.setdefault(student_id(e.name), []).append(e.name)
+    for sid, names in folders.items():
+        names.sort()
+        if len(names) > 1:
+            warn(f"{len(names)} folders are one student after Unicode normalisation (NFC): "
+                 f"{', '.join(ascii(n) for n in names)}: one row, {sid}")
+        elif names[0] != sid:
+            warn(f"the folder {ascii(names[0])} is not in Unicode NFC (a Mac zip writes names decomposed): "
+                 f"graded as {sid}")
+    for sid in roster:
+        folders.setdefault(sid, [])
+    return dict(sorted(folders.items()))
+
+
+def nbgrader_id(student):
+    """The id nbgrader grades ``student`` under: letters and digits only. nbgrader globs and formats
+    paths with the id (``x[1]`` matched no notebook), so it never sees the real one; the CSV and
+    the feedback folder do."""
+    return "s" + hashlib.sha256(student.encode()).hexdigest()[:20]
+
+
+#: a cell a spreadsheet would read as a formula starts with one of these (OWASP, CSV injection)
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def inert(text):
+    """``text`` as a CSV cell no spreadsheet evaluates: prefixed with ' where it starts like a formula."""
+    return "'" + text if text.startswith(FORMULA_START) else text
 
 
 #: the largest notebook, and the largest cell source, graded (a student's real work is far below)
 MAX_NOTEBOOK_MB, MAX_CELL_KB, MAX_SOURCE_KB = 64, 256, 2048
+#: the JSON lists and objects, and their nesting, of a notebook the grader parses: a real submission
+#: holds about a hundred, 6 deep (the fixture class); every parse and copy of one (nbformat,
+#: nbgrader, deepcopy) costs memory per container, 4 GB for 8 million empty lists in 24 MB
+MAX_CONTAINERS, MAX_DEPTH = 100_000, 64
+#: address space of a grading worker (the grader's own process for one student): a notebook the
+#: shape check lets through still cannot take the host's memory
+WORKER_MEM_MB = 4096
 REFUSED = "refused"
 
 
@@ -114,11 +213,35 @@ def read_submission(path):
         os.close(fd)
 
 
+_JSON_STRING = re.compile(rb'"[^"]*"')
+
+
+def shape_refusal(data):
+    """Why the JSON in ``data`` has more lists and objects, or deeper ones, than a notebook the grader
+    parses (None if it has not): a scan of the bytes before any parse, linear and in C (escaped
+    backslashes and quotes dropped, then every string), with a copy of the bytes as its memory."""
+    bare = _JSON_STRING.sub(b"", data.replace(b"\\\\", b"").replace(b'\\"', b""))
+    opens = bare.count(b"[") + bare.count(b"{")
+    if opens > MAX_CONTAINERS or bare.count(b"]") + bare.count(b"}") > MAX_CONTAINERS:
+        return (f"{REFUSED}: the notebook holds more than {MAX_CONTAINERS:,} JSON lists and objects "
+                f"({opens:,}; a notebook holds about a hundred)")
+    depth = deepest = 0
+    for m in re.finditer(rb"[\[\]{}]", bare):                   # at most 2 * MAX_CONTAINERS
+        depth += 1 if m.group() in b"[{" else -1
+        deepest = max(deepest, depth)
+    if deepest > MAX_DEPTH:
+        return f"{REFUSED}: the notebook's JSON is nested {deepest} deep (more than {MAX_DEPTH})"
+    return None
+
+
 def check_submission(data, source_nb):
     """(notebook, None) if ``data`` is a notebook with every graded cell of the source, else (None, the
     reason it is not)."""
     if len(data) > MAX_NOTEBOOK_MB * 2 ** 20:
         return None, f"{REFUSED}: the notebook is larger than {MAX_NOTEBOOK_MB} MB"
+    reason = shape_refusal(data)
+    if reason is not None:
+        return None, reason
     try:
         nb = nbformat.reads(data.decode("utf-8"), as_version=4)
     except Exception as e:                                       # noqa: BLE001: any unreadable file
@@ -226,13 +349,19 @@ def make_api(course_root, args, slot, workspace):
                              "cpu_s": args.cpu_s, "total_mem_mb": args.total_mem_mb,
                              "sandbox": not args.no_sandbox, "slot": slot, "workspace": str(workspace),
                              "bwrap": args.bwrap},
+        # the feedback renders a student's markdown through an allow-list sanitiser (feedback.py),
+        # whatever the edition's nbgrader_config.py says
+        "GenerateFeedback": {"exporter_class": "preln.grade.feedback.FeedbackExporter"},
     }))
     return NbGraderAPI(coursedir=CourseDirectory(config=cfg), config=cfg)
 
 
-def grade_student(conn, student, names, args, template, tmp, slot):
-    """Worker: autograde ``student``'s notebooks; send one message per notebook to ``conn``."""
+def grade_student(conn, student, folder, names, args, template, tmp, slot):
+    """Worker: autograde ``student``'s notebooks (in the submissions' ``folder``); send one message
+    per notebook to ``conn``."""
     warnings.filterwarnings("ignore")
+    # the worker's own memory, under a cap of its own (the soft limit: the sandbox it starts sets its own)
+    resource.setrlimit(resource.RLIMIT_AS, (args.worker_mem_mb * 2 ** 20, resource.getrlimit(resource.RLIMIT_AS)[1]))
     from . import autograde
     os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
     course = Path(tempfile.mkdtemp(prefix=f"student-{slot}-", dir=tmp))
@@ -245,7 +374,9 @@ def grade_student(conn, student, names, args, template, tmp, slot):
         t0 = time.perf_counter()
         msg = {"student": student, "assignment": name}
         try:
-            msg.update(grade_one(api, autograde, student, name, submissions, course, args))
+            msg.update(grade_one(api, autograde, student, folder, name, submissions, course, args))
+        except MemoryError:
+            msg.update(status=f"failed: {worker_memory(args)}", scores={})
         except Exception as e:                               # noqa: BLE001: a bug here costs this row
             msg.update(status=f"failed: the grader failed on this notebook ({type(e).__name__}: {str(e)[:150]})",
                        scores={}, trace=traceback.format_exc(limit=-4))
@@ -254,10 +385,10 @@ def grade_student(conn, student, names, args, template, tmp, slot):
     shutil.rmtree(course, ignore_errors=True)
 
 
-def grade_one(api, autograde, student, name, submissions, course, args):
+def grade_one(api, autograde, student, folder, name, submissions, course, args):
     source_nb = nbtools.read(course / "source" / name / f"{name}.ipynb")
-    path = submissions / student / name / f"{name}.ipynb"
-    reason = refusal(submissions, student, name)
+    path = submissions / folder / name / f"{name}.ipynb"
+    reason = refusal(submissions, folder, name)
     if reason is not None:
         return {"status": f"failed: {reason}", "scores": {}}
     try:
@@ -267,22 +398,30 @@ def grade_one(api, autograde, student, name, submissions, course, args):
     _, reason = check_submission(data, source_nb)
     if reason is not None:
         return {"status": f"failed: {reason}", "scores": {}}
-    dest = course / "submitted" / student / name
+    safe = nbgrader_id(student)
+    dest = course / "submitted" / safe / name
     dest.mkdir(parents=True, exist_ok=True)
     (dest / f"{name}.ipynb").write_bytes(data)                # the bytes examined, not the path again
     autograde.LAST.update(failure=None, seconds=None)
     t0 = time.perf_counter()
-    result = api.autograde(name, student, force=True, create=True)
+    result = api.autograde(name, safe, force=True, create=True)
     timing = {"autograde": time.perf_counter() - t0, "sandbox": autograde.LAST.get("seconds")}
     if not result["success"]:
         reason = autograde.LAST.get("failure") or why(result)
+        if "MemoryError" in f"{result.get('log')}{result.get('error')}" and not autograde.LAST.get("failure"):
+            reason = worker_memory(args)
         return {"status": f"failed: {reason}", "scores": {}, "timing": timing}
-    scores = gradebook_scores(api, name, student)
+    scores = gradebook_scores(api, name, safe)
     if not args.no_feedback:
         t0 = time.perf_counter()
-        feedback(api, name, student, course, Path(args.out))
+        feedback(api, name, safe, course, Path(args.out) / "feedback" / student)
         timing["feedback"] = time.perf_counter() - t0
     return {"status": "ok", "scores": scores, "timing": timing}
+
+
+def worker_memory(args):
+    return (f"grading this notebook needed more than {args.worker_mem_mb} MB in the grader's own worker "
+            "(--worker-mem-mb)")
 
 
 def gradebook_scores(api, name, student):
@@ -292,11 +431,11 @@ def gradebook_scores(api, name, student):
         return {g.name: g.score for g in sub.grades}
 
 
-def feedback(api, name, student, course, out):
-    res = api.generate_feedback(name, student, force=True)
-    html = course / "feedback" / student / name / f"{name}.html"
+def feedback(api, name, safe, course, dest):
+    """nbgrader's feedback of the notebook graded as ``safe`` into ``dest``/<name>.html."""
+    res = api.generate_feedback(name, safe, force=True)
+    html = course / "feedback" / safe / name / f"{name}.html"
     if res["success"] and html.exists():
-        dest = out / "feedback" / student
         dest.mkdir(parents=True, exist_ok=True)
         shutil.copy(html, dest / f"{name}.html")
 
@@ -339,14 +478,14 @@ class Sheet:
         self.rows = []
 
     def add(self, student, status, scores, sandboxed=True):
-        row = {"student": student, "possible": fmt(self.possible), "manual_possible": fmt(self.manual)}
+        row = {"student": inert(student), "possible": fmt(self.possible), "manual_possible": fmt(self.manual)}
         if status == "ok":
             for col, (gid, _, kind) in zip(self.columns, self.cells):
                 row[col] = fmt(scores.get(gid)) if kind == "auto" else ""
             row["total"] = fmt(sum(scores.get(gid) or 0 for gid, _, kind in self.cells if kind == "auto"))
         if not sandboxed and status != "missing":
             status = f"{status} ({NO_SANDBOX})"
-        row["status"] = status
+        row["status"] = inert(status)
         self.rows.append(row)
         with open(self.path, "a", newline="") as f:
             csv.DictWriter(f, self.header, restval="").writerow(row)
@@ -412,14 +551,13 @@ def grade(args):
     unknown = sorted(set(names) - set(nbtools.assignments()))
     if unknown:
         raise SystemExit(f"--assignment: no such assignment {', '.join(unknown)}; have {', '.join(nbtools.assignments())}")
-    # a student is a folder (or a link, to be refused with a row of its own), never followed
-    students = sorted({e.name for e in os.scandir(submissions) if not e.name.startswith(".")
-                       and (e.is_dir(follow_symlinks=False) or e.is_symlink())}
-                      | set(read_roster(args.roster) if args.roster else []))
+    folders = student_folders(submissions, read_roster(args.roster) if args.roster else [])
+    students = list(folders)
     if not args.assignment:
         # only what was handed in: a roster does not make a CSV of `missing` rows for an assignment
         # nobody submitted (--assignment NAME grades, and writes, that one regardless)
-        handed_in = [n for n in names if any(os.path.lexists(submissions / s / n) for s in students)]
+        handed_in = [n for n in names if any(os.path.lexists(submissions / f / n)
+                                             for fs in folders.values() for f in fs)]
         if len(handed_in) < len(names):
             print(f"make grade: no submissions of {', '.join(n for n in names if n not in handed_in)}: "
                   "no CSV for them")
@@ -447,25 +585,31 @@ def grade(args):
         template = template_course(tmp, names)
         sheets = {name: Sheet(out, name) for name in names}
         queue = []
-        for student in students:
-            todo = []
+        for student, candidates in folders.items():
+            todo = {}
             for name in names:
-                path = submissions / student / name / f"{name}.ipynb"
-                reason = refusal(submissions, student, name)
+                found = [f for f in candidates if os.path.lexists(submissions / f / name)]
+                if len(found) > 1:
+                    sheets[name].add(student, f"failed: {len(found)} submissions of one student, in the folders "
+                                     f"{', '.join(ascii(f) for f in found)} (the same id after Unicode "
+                                     "normalisation): keep one and grade again", {}, sandboxed=not args.no_sandbox)
+                    continue
+                folder = (found or candidates or [student])[0]
+                path = submissions / folder / name / f"{name}.ipynb"
+                reason = refusal(submissions, folder, name)
                 if reason is not None:
                     sheets[name].add(student, f"failed: {reason}", {}, sandboxed=not args.no_sandbox)
                     continue
                 if os.path.lexists(path):
-                    todo.append(name)
+                    todo.setdefault(folder, []).append(name)
                     continue
                 folder = path.parent
                 others = (sorted(e.name for e in os.scandir(folder) if e.name.endswith(".ipynb"))
                           if os.path.isdir(folder) and not os.path.islink(folder) else [])
                 status = f"failed: expected {name}.ipynb, found {', '.join(others)}" if others else "missing"
                 sheets[name].add(student, status, {}, sandboxed=not args.no_sandbox)
-            if todo:
-                queue.append((student, todo))
-        total = sum(len(t) for _, t in queue)
+            queue += [(student, f, todo_f) for f, todo_f in todo.items()]
+        total = sum(len(t) for _, _, t in queue)
         jobs = max(1, args.jobs)
         print(f"make grade: {total} notebook(s) of {len(students)} student(s), {jobs} at a time"
               f"{'' if not args.no_sandbox else ' (NOT sandboxed)'}", flush=True)
@@ -496,21 +640,21 @@ def run_workers(queue, args, template, tmp, jobs, sheets, total, t_start):
     """Grade the queue's students ``jobs`` at a time, each in a forked worker; report as rows come."""
     ctx = multiprocessing.get_context("fork")      # the workers inherit the plans and views made here
     free = list(range(jobs))
-    running = {}                      # conn -> [process, student, names still to come, slot, (name, started)]
+    running = {}                      # conn -> [process, student, folder, names still to come, slot, (name, started)]
     done = 0
     pending = list(queue)
     while pending or running:
         while pending and free:
-            student, names = pending.pop(0)
+            student, folder, names = pending.pop(0)
             slot = free.pop(0)
             parent, child = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_worker_main, args=(child, student, names, args, template, tmp, slot))
+            p = ctx.Process(target=_worker_main, args=(child, student, folder, names, args, template, tmp, slot))
             p.start()
             child.close()
-            running[parent] = [p, student, list(names), slot, (names[0], time.monotonic())]
+            running[parent] = [p, student, folder, list(names), slot, (names[0], time.monotonic())]
         multiprocessing.connection.wait(list(running) + [r[0].sentinel for r in running.values()], timeout=2)
         for conn in list(running):
-            p, student, names, slot, (current, started) = running[conn]
+            p, student, folder, names, slot, (current, started) = running[conn]
             eof = False
             while not eof and conn.poll():
                 try:
@@ -522,7 +666,7 @@ def run_workers(queue, args, template, tmp, jobs, sheets, total, t_start):
                     continue
                 if "start" in msg:
                     current, started = msg["start"], time.monotonic()
-                    running[conn][4] = (current, started)
+                    running[conn][5] = (current, started)
                     continue
                 names.remove(msg["assignment"])
                 done += 1
@@ -540,7 +684,7 @@ def run_workers(queue, args, template, tmp, jobs, sheets, total, t_start):
                                   "grader's time limit per notebook, inside and outside the sandbox); its "
                                   "worker was stopped"}, sheets, done, total, t_start, args)
                 if names:
-                    pending.insert(0, (student, list(names)))
+                    pending.insert(0, (student, folder, list(names)))
                 conn.close()
                 del running[conn]
                 free.append(slot)
@@ -576,9 +720,9 @@ def _kill_tree(pid):
     sandbox.remove_stale_cgroups()                  # the killed worker's sandbox cgroup, if it had one
 
 
-def _worker_main(conn, student, names, args, template, tmp, slot):
+def _worker_main(conn, student, folder, names, args, template, tmp, slot):
     try:
-        grade_student(conn, student, names, args, template, tmp, slot)
+        grade_student(conn, student, folder, names, args, template, tmp, slot)
     finally:
         conn.close()
 
@@ -615,6 +759,8 @@ def main(argv=None):
     ap.add_argument("--mem-mb", type=int, default=2048, help="address space of each process in the sandbox")
     ap.add_argument("--cpu-s", type=int, default=600, help="CPU seconds of each process in the sandbox")
     ap.add_argument("--total-mem-mb", type=int, default=4096, help="memory of a sandbox's processes together")
+    ap.add_argument("--worker-mem-mb", type=int, default=WORKER_MEM_MB,
+                    help=f"address space of the grader's worker per student (default {WORKER_MEM_MB})")
     ap.add_argument("--notebook-s", type=int, default=1200,
                     help="seconds of all the work on one notebook, in the grader and its sandbox (default 1200)")
     ap.add_argument("--no-sandbox", action="store_true", help="grade without bubblewrap (unprotected; rows say so)")

@@ -69,14 +69,38 @@ Issue 22, item 4 and the keyring relay (tests/test_course_grading.py checks thei
           there and in /proc/keys -> finds nothing (its feedback says "RELAY nothing"), 0
   alice   preln_vs_postln: the solutions, every `unchanged` argument handed over read-only -> full
 
+Issue 37 and issue 36, items 3-5 (derivation_ops; the roster itself is one case):
+
+  roster.csv  saved as Excel's "CSV UTF-8" writes it: a byte-order mark, CRLF line ends -> read,
+          every roster student has a row (heidi: missing)
+  José    its folder's name decomposed (NFD, as a Mac zip writes it), the roster's composed (NFC)
+          and, on a second line, decomposed too -> one row, "José" (NFC), full marks; a warning
+  Zoë     two folders, one NFC and one NFD, each with a notebook -> one row, failed: 2 submissions
+          of one student (which to keep is the instructor's call); a warning
+  mia     the solutions, and a figure drawn the default way: plt.show(), no magic -> full marks,
+          the figure in the feedback (the sandbox's matplotlib backend is the inline one)
+  finn    the solutions, a figure of ~300 kB (over the runner's 64 kB cut of a text) and one over
+          the grader's limit per PNG -> full marks; the first in the feedback, whole; for the
+          second a line saying it was not kept and why
+  x[1]    an id nbgrader would read as a glob, the solutions -> full marks
+  =HYPERLINK("example.invalid","ok")  a folder named as a spreadsheet formula, the solutions ->
+          full marks, its CSV cell starts with ' (inert in a spreadsheet)
+  tess    the solutions with q1 in a %%capture cell and q3 (the softmax q4 calls) in a %%time
+          cell -> full marks (the name check reads those cells as the code they run)
+  xena    the solutions, and a written answer (and a markdown cell of its own) with <script>,
+          <img onerror>, an <iframe>, a <form> and a <style> that hides the failed checks under a
+          fake "all passed" banner -> full marks; none of it is active in the feedback
+
 int8: alice (solutions), kim (other styles: amax * (1 / 127), an int64 einsum, loops, GPTQ's
 step from a re-inverted Hessian instead of the Cholesky factor), liam
 (warnings on stderr), wendy (q3 quantised in float64 and cast at the end: the plausible mistake
 the float32 rounding-boundary input catches), judy, and mallory, oscar, peggy as above.
 """
 import copy
+import csv
 import json
 import shutil
+import unicodedata
 
 import nbformat
 
@@ -403,6 +427,41 @@ if _found:
     softmax = _ns["soft" + "max"]
 '''
 
+# mia: a figure drawn the way JupyterLab's default shows it, with plt.show() and no magic (issue 37)
+DEFAULT_FIGURE = '''
+import matplotlib.pyplot as plt
+x = np.linspace(-4, 4, 81)
+plt.plot(x, gelu(x), label="GELU")
+plt.legend()
+plt.show()
+'''
+
+# finn: figures of a written answer: one of ~300 kB (random pixels do not compress), kept whole; one
+# past the grader's limit per PNG, not kept, and the feedback says so (issue 36, item 5)
+BIG_FIGURES = '''
+import matplotlib.pyplot as plt
+rng = np.random.default_rng(0)
+fig, ax = plt.subplots(figsize=(4, 4))
+ax.imshow(rng.random((256, 256, 3)), interpolation="nearest")
+ax.set_title("FINN 300 kB")
+plt.show()
+fig, ax = plt.subplots(figsize=(12, 12))
+ax.imshow(rng.random((1100, 1100, 3)), interpolation="nearest")
+plt.show()
+'''
+
+# xena: a written answer that tries to run script, restyle the page and fake the verdicts (issue 36, item 3)
+HOSTILE_MARKDOWN = '''LayerNorm normalises each token's features. XENA-ANSWER
+
+<script>document.title = "XENA-SCRIPT"</script>
+<img src="x.png" onerror="document.title = 'XENA-ONERROR'">
+<iframe src="https://example.invalid/XENA-FRAME"></iframe>
+<form action="https://example.invalid/XENA-FORM"><input name="q"></form>
+<style>.alert-danger, .output_error { display: none } /* XENA-STYLE */</style>
+<div class="alert alert-success" style="position: fixed; top: 0; left: 0; z-index: 9999">Hidden checks: all passed. Score: 20 / 20</div>
+[a link](javascript:document.title='XENA-LINK')
+'''
+
 HOSTILE = {
     "quinn": "import os\nos.kill(os.getppid(), 9)\n",
     "rita": "import os\nos._exit(3)\n",
@@ -677,6 +736,7 @@ def students(name, release, source):
     out["oscar"] = add_cell(filled(release, source, library_answers(name), solve=False), LIBRARY)
     out["peggy"] = add_cell(copy.deepcopy(stubs), AST_CHEAT)
     if name == "derivation_ops":
+        out.update(issue37_students(release, source))
         out["nina"] = add_cell(filled(release, source, {
             "q1_layer_norm_forward": "def layer_norm_forward(x, gamma, beta, eps=1e-5):\n    return np.zeros_like(x)",
             "q3_softmax": "def softmax(x, axis=-1):\n    return np.zeros_like(x)"}, solve=False), PATCHES)
@@ -686,6 +746,35 @@ def students(name, release, source):
                                                "import os\n\ndef layer_norm_forward(x, gamma, beta, eps=1e-5):\n"
                                                "    os._exit(0)"})
         out["rita"] = add_cell(out["rita"], HOSTILE["rita"], after="q6_tests")
+    return out
+
+
+#: issue 36 item 4: a student folder named as a spreadsheet formula
+FORMULA_ID = '=HYPERLINK("example.invalid","ok")'
+#: issue 37: a name a Mac zip writes decomposed (NFD) and the roster composed (NFC); one with both folders
+NFD_ID, TWO_FOLDERS_ID = unicodedata.normalize("NFD", "José"), "Zoë"
+
+
+def issue37_students(release, source):
+    """{folder: notebook} of derivation_ops' students of issues 37 and 36 (items 3-5)."""
+    out = {NFD_ID: filled(release, source), "x[1]": filled(release, source), FORMULA_ID: filled(release, source)}
+    for form in ("NFC", "NFD"):
+        out[unicodedata.normalize(form, TWO_FOLDERS_ID)] = filled(release, source)
+    out["mia"] = add_cell(filled(release, source), DEFAULT_FIGURE, after="q5_tests")
+    out["finn"] = add_cell(filled(release, source), BIG_FIGURES, after="q6_tests")
+    tess = filled(release, source)
+    for gid, magic in (("q1_layer_norm_forward", "%%capture"), ("q3_softmax", "%%time")):
+        cell = next(c for c in tess.cells if nbtools.grade_id(c) == gid)
+        cell.source = f"{magic}\n{cell.source}"
+    out["tess"] = tess
+    xena = filled(release, source)
+    written = next(c for c in xena.cells if nbtools.grade_id(c) == "w1_choices")
+    written.source = HOSTILE_MARKDOWN
+    i = xena.cells.index(written)
+    own = nbformat.v4.new_markdown_cell(HOSTILE_MARKDOWN.replace("XENA-", "XENA-OWN-"))
+    own["id"] = "student-markdown-0"
+    xena.cells.insert(i + 1, own)
+    out["xena"] = xena
     return out
 
 
@@ -739,6 +828,11 @@ def expected(name, source):
             "zack": (None, "failed: refused: the student's folder is a symbolic link"),
             # issue 22: the hidden inputs stay out of the feedback; the relay finds nothing
             "sol": (full, "ok"), "kai": (zero, "ok"),
+            # issue 37 and issue 36, items 3-5: ids as rosters and Macs write them, figures, magics,
+            # hostile markdown (the CSV's cell of FORMULA_ID is escaped: tests/test_course_grading.py)
+            "José": (full, "ok"), "Zoë": (None, "failed: 2 submissions of one student"),
+            "mia": (full, "ok"), "finn": (full, "ok"), "x[1]": (full, "ok"), FORMULA_ID: (full, "ok"),
+            "tess": (full, "ok"), "xena": (full, "ok"),
         }
     if name == "preln_vs_postln":
         # every argument of an `unchanged` check reaches the answer read-only: the honest answer
@@ -796,9 +890,12 @@ def main():
         assert link.resolve().is_file(), link
     (subs / "zack").symlink_to("alice", target_is_directory=True)
     roster |= {"erin", "frank", "heidi", "xavier", "yara", "zack"}
+    roster = {unicodedata.normalize("NFC", s) for s in roster} | {NFD_ID}    # José in both spellings
     (subs / ".hostile").write_text("These submissions attack the grader: grade them sandboxed only "
                                    "(make grade refuses --no-sandbox here).\n")
-    (OUT / "roster.csv").write_text("student\n" + "\n".join(sorted(roster)) + "\n")
+    # as Excel's "CSV UTF-8" saves it: a byte-order mark and CRLF line ends (issue 37)
+    with open(OUT / "roster.csv", "w", encoding="utf-8-sig", newline="") as f:
+        csv.writer(f, lineterminator="\r\n").writerows([["student"], *([s] for s in sorted(roster))])
     (OUT / "expected.json").write_text(json.dumps(want, indent=1, sort_keys=True) + "\n")
     old = OUT / "expected" / "derivation_ops.csv"
     if old.exists():

@@ -10,7 +10,8 @@ any function, class or global of the notebook it refers to. A forbidden name tha
 own (their ``softmax`` function, a ``rotate_half = lambda ...``), or an attribute of a module that
 is not preln's (``scipy.special.softmax``, ``np.exp``) is fine: only preln's functions are flagged.
 Linear in the cell's size: a cell is tokenised once (IPython syntax, magics and ``!commands``,
-becomes ``pass`` line by line) and parsed once.
+becomes ``pass`` line by line; the body of ``%%time``, ``%%capture`` or ``%%writefile`` is read as
+the code it runs) and parsed once.
 """
 import ast
 import functools
@@ -22,19 +23,40 @@ _SKIP = {tokenize.INDENT, tokenize.DEDENT, tokenize.NL, tokenize.NEWLINE, tokeni
 _ESCAPES = {"%", "%%", "!", "!!", "?", "??"}
 
 
+#: cell magics whose body is Python that IPython runs — in the notebook's namespace (``%%time``,
+#: ``%%capture``: an answer defined there is the student's own), or when the file is imported
+#: (``%%writefile``): their body is read as the code it is. Any other cell magic's body is not Python
+PYTHON_CELL_MAGICS = {"time", "timeit", "capture", "prun", "writefile"}
+
+
+def _cell_magic(line):
+    """The name of the cell magic ``line`` starts (``%%time -v`` -> "time"), or None."""
+    line = line.lstrip()
+    return (line[2:].split() or [""])[0] if line.startswith("%%") else None
+
+
 def _python(source):
-    """The cell's source with IPython syntax made Python: a cell magic's cell is empty (its body is
-    a string to IPython), each logical line that is a line magic, a shell escape or a help request
-    becomes ``pass``, ``x = %magic`` / ``x = !cmd`` becomes ``x = None``. One tokenisation (IPython's
-    tolerant tokeniser, grouped by logical line), not IPython's transform_cell, which re-tokenises
-    the cell once per magic."""
+    """The cell's source with IPython syntax made Python: the body of a cell magic of
+    PYTHON_CELL_MAGICS is read as code (its magic line blank), any other cell magic's cell is empty
+    (its body is a string to IPython), each logical line that is a line magic, a shell escape or a
+    help request becomes ``pass``, ``x = %magic`` / ``x = !cmd`` becomes ``x = None``. One
+    tokenisation (IPython's tolerant tokeniser, grouped by logical line), not IPython's
+    transform_cell, which re-tokenises the cell once per magic."""
     try:
         ast.parse(source)
         return source
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         pass
     lines = source.splitlines(True)
-    if not lines or lines[0].lstrip().startswith("%%"):
+    start = 0
+    while start < len(lines) and _cell_magic(lines[start]) is not None:    # %%capture over %%time ...
+        if _cell_magic(lines[start]) not in PYTHON_CELL_MAGICS:
+            return ""
+        start += 1
+    if start:
+        body = "".join(lines[start:])
+        return "\n" * start + _python(body)
+    if not lines:
         return ""
     from IPython.core.inputtransformer2 import make_tokens_by_line
     out = list(lines)

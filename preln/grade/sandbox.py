@@ -17,16 +17,21 @@ unprivileged uid of its own first, since RLIMIT_NPROC does not bind root and cou
 one per sandbox (:func:`next_uid`, a counter shared by every grader on the host, under a lock), so
 no two sandboxes, concurrent or of one run, share a uid; and the runner then clears that uid's
 user keyrings and joins a new session keyring, so nothing a sandbox stores in a keyring reaches
-a later one.
+a later one. A seccomp filter (:func:`seccomp_filter`) refuses file locks, the page cache's
+explicit probes and eviction, file events and io_uring: state every sandbox shares (a read lock on
+the venv's files, a page's residency) carries no bit that way.
 Outside, a watchdog kills the whole sandbox when its processes together hold more than
 ``total_mem_mb`` of memory, or when it runs longer than ``wall_s``. The only thing read back is the
 runner's JSON document on the sandbox's standard output (at most ``max_result_mb``).
 """
 import dataclasses
+import errno
 import json
 import os
+import platform
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -75,10 +80,13 @@ def _system_binds():
             args += ["--symlink", os.readlink(d), d]
         elif p.is_dir():
             args += ["--ro-bind", d, d]
-    args += ["--ro-bind", "/usr", "/usr"]
+    # /etc 0755 (bwrap would make it 0700, unreadable by the sandbox's uid when the grader is root)
+    args += ["--ro-bind", "/usr", "/usr", "--perms", "0755", "--dir", "/etc"]
     for f in ("/etc/ld.so.cache", "/etc/localtime", "/etc/nsswitch.conf"):
         if Path(f).exists():
             args += ["--ro-bind", f, f]
+    if Path("/etc/fonts").is_dir():              # matplotlib's font search (fc-list): the system's fonts
+        args += ["--ro-bind", "/etc/fonts", "/etc/fonts"]
     return args
 
 
@@ -94,6 +102,11 @@ def _dirs_for(dest, made):
     return out
 
 
+#: matplotlib's backend in the sandbox: the inline one a notebook has (JupyterLab's default), so that
+#: a figure shown with plt.show(), or left open at the end of a cell, reaches the feedback
+MPL_BACKEND = "module://matplotlib_inline.backend_inline"
+
+
 def environment(job, out, tmp, view, lib):
     venv_bin = str(Path(sys.executable).parent)
     return {
@@ -101,7 +114,7 @@ def environment(job, out, tmp, view, lib):
         "LOGNAME": "student", "LANG": "C.UTF-8", "PYTHONPATH": f"{view}:{lib}",
         "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1",
         "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-        "NUMBA_NUM_THREADS": "1", "NUMBA_CACHE_DIR": f"{tmp}/numba", "MPLBACKEND": "Agg",
+        "NUMBA_NUM_THREADS": "1", "NUMBA_CACHE_DIR": f"{tmp}/numba", "MPLBACKEND": MPL_BACKEND,
         "MPLCONFIGDIR": f"{tmp}/mpl", "JUPYTER_PATH": f"{tmp}/jupyter", "JUPYTER_RUNTIME_DIR": f"{tmp}/jupyter/runtime",
         "JUPYTER_CONFIG_DIR": f"{tmp}/jupyter/config", "JUPYTER_DATA_DIR": f"{tmp}/jupyter/data",
         "JUPYTER_PLATFORM_DIRS": "1", "IPYTHONDIR": f"{tmp}/ipython", "PYDEVD_DISABLE_FILE_VALIDATION": "1",
@@ -113,7 +126,76 @@ def environment(job, out, tmp, view, lib):
 WORK = "/home/student"
 
 
-def bwrap_command(job_dir, view_dir, lib_dir, settings, privileged):
+# ---- what no sandbox may do: relay through state that every sandbox shares (issue 36, item 1) ----
+#: seccomp's audit architecture per machine, and the numbers of the system calls the filter judges
+_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+_NR = {
+    "x86_64": {"fcntl": 72, "flock": 73, "madvise": 28, "mincore": 27, "fadvise64": 221, "preadv2": 327,
+               "pwritev2": 328, "cachestat": 451, "inotify_init": 253, "inotify_init1": 294,
+               "fanotify_init": 300, "io_uring_setup": 425, "process_madvise": 440, "move_pages": 279},
+    "aarch64": {"fcntl": 25, "flock": 32, "madvise": 233, "mincore": 232, "fadvise64": 223, "preadv2": 286,
+                "pwritev2": 287, "cachestat": 451, "inotify_init1": 26, "fanotify_init": 262,
+                "io_uring_setup": 425, "process_madvise": 440, "move_pages": 239},
+}
+#: refused outright: file locks (flock), page-cache probes and eviction (mincore, cachestat,
+#: fadvise, process_madvise, move_pages' page status), file-access events (inotify, fanotify), and
+#: io_uring, whose operations (reads with RWF_NOWAIT, fadvise, madvise) no filter would see
+REFUSED_CALLS = ("flock", "mincore", "cachestat", "fadvise64", "process_madvise", "move_pages",
+                 "inotify_init", "inotify_init1", "fanotify_init", "io_uring_setup")
+#: ENOSYS, so that glibc falls back to preadv/pwritev: preadv2's RWF_NOWAIT tells a cached page
+NOSYS_CALLS = ("preadv2", "pwritev2")
+#: fcntl's lock and lease commands (F_GETLK, F_SETLK, F_SETLKW, F_OFD_GETLK/SETLK/SETLKW,
+#: F_SETLEASE, F_GETLEASE): a read lock on a shared read-only file is a bit another sandbox reads
+LOCK_COMMANDS = (5, 6, 7, 36, 37, 38, 1024, 1025)
+#: madvise's advice that evicts a file's pages from the page cache (MADV_COLD, MADV_PAGEOUT)
+EVICT_ADVICE = (20, 21)
+_LD, _JEQ, _JGE, _RET = 0x20, 0x15, 0x35, 0x06           # BPF_LD|W|ABS, BPF_JMP|JEQ|K, JGE|K, BPF_RET|K
+_ALLOW, _ERRNO = 0x7FFF0000, 0x00050000
+
+
+def seccomp_filter(machine=None):
+    """The sandbox's seccomp filter (classic BPF, as bwrap --seccomp reads it), or None on a machine
+    whose system call numbers are not listed here. Another architecture's calls (x86_64's x32 and
+    i386 entry points) are refused."""
+    machine = machine or platform.machine()
+    if machine not in _NR:
+        return None
+    nr = _NR[machine]
+
+    def deny(code):
+        return [(_RET, 0, 0, _ERRNO | code)]
+
+    def by_arg(call, offset, values, code):
+        """``call`` refused with ``code`` when its argument at ``offset`` is one of ``values``."""
+        body = [(_LD, 0, 0, offset)]
+        for v in values:
+            body += [(_JEQ, 0, 1, v)] + deny(code)
+        return [(_JEQ, 0, len(body) + 1, nr[call])] + body + [(_RET, 0, 0, _ALLOW)]
+
+    prog = [(_LD, 0, 0, 4), (_JEQ, 1, 0, _ARCH[machine])] + deny(errno.ENOSYS) + [(_LD, 0, 0, 0)]
+    if machine == "x86_64":                                 # x32's numbers have bit 30 set
+        prog += [(_JGE, 0, 1, 0x40000000)] + deny(errno.ENOSYS)
+    for name in REFUSED_CALLS + NOSYS_CALLS:
+        if name in nr:
+            prog += [(_JEQ, 0, 1, nr[name])] + deny(errno.ENOSYS if name in NOSYS_CALLS else errno.EPERM)
+    # seccomp_data: nr (0), arch (4), ip (8), args[i] at 16 + 8 i (the low word first)
+    prog += by_arg("fcntl", 24, LOCK_COMMANDS, errno.ENOLCK) + by_arg("madvise", 32, EVICT_ADVICE, errno.EPERM)
+    prog += [(_RET, 0, 0, _ALLOW)]
+    return b"".join(struct.pack("=HBBI", code, jt, jf, k) for code, jt, jf, k in prog)
+
+
+def seccomp_fd():
+    """A pipe's read end holding :func:`seccomp_filter` for bwrap --seccomp (None without one)."""
+    prog = seccomp_filter()
+    if prog is None:
+        return None
+    r, w = os.pipe()
+    os.write(w, prog)                                       # a few hundred bytes: within the pipe's buffer
+    os.close(w)
+    return r
+
+
+def bwrap_command(job_dir, view_dir, lib_dir, settings, privileged, seccomp=None):
     size = str(settings.tmp_mb * 2 ** 20)
     made = {"/home"}
     args = [settings.bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
@@ -143,6 +225,8 @@ def bwrap_command(job_dir, view_dir, lib_dir, settings, privileged):
              "--proc", "/proc", "--dev", "/dev",
              "--perms", "1777", "--size", str(64 * 2 ** 20), "--tmpfs", "/dev/shm",
              "--chdir", WORK, "--clearenv"]
+    if seccomp is not None:
+        args += ["--seccomp", str(seccomp)]
     for k, v in environment("/job", f"{WORK}/.grader-out", "/tmp", "/grader/view", "/grader/lib").items():
         args += ["--setenv", k, v]
     args += ["--setenv", "HOME", WORK]
@@ -162,13 +246,17 @@ def probe(settings=None):
             (Path(tmp) / d).mkdir()
             os.chmod(Path(tmp) / d, 0o755)
         os.chmod(tmp, 0o755)
+        fd = seccomp_fd()
         cmd = bwrap_command(Path(tmp) / "job", Path(tmp) / "view", Path(tmp) / "lib", settings,
-                            privileged=os.geteuid() == 0)
+                            privileged=os.geteuid() == 0, seccomp=fd)
         cmd = cmd[:cmd.index("--") + 1] + [sys.executable, "-c", "import numpy; print('ok')"]
         try:
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=60, pass_fds=() if fd is None else (fd,))
         except (OSError, subprocess.TimeoutExpired) as e:
             return f"bwrap could not start ({e}): {INSTALL_HINT}"
+        finally:
+            if fd is not None:
+                os.close(fd)
     if res.returncode != 0 or res.stdout.strip() != "ok":
         return f"bwrap cannot create the sandbox here ({res.stderr.strip()[:300] or res.returncode}): {INSTALL_HINT}"
     return None
@@ -521,8 +609,10 @@ def run_job(job_dir, view_dir, lib_dir, settings, slot=0):
         os.chmod(job_dir / "calls", 0o700)
         for p in (job_dir / "calls").iterdir():
             os.chmod(p, 0o600)
+    fd = None
     if settings.sandbox:
-        cmd = bwrap_command(job_dir, view_dir, lib_dir, settings, privileged)
+        fd = seccomp_fd()
+        cmd = bwrap_command(job_dir, view_dir, lib_dir, settings, privileged, seccomp=fd)
         env, cwd, scratch = None, None, None
     else:
         import tempfile
@@ -538,8 +628,12 @@ def run_job(job_dir, view_dir, lib_dir, settings, slot=0):
         if cgroup is not None:
             cmd = cgroup.wrap(cmd)
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=env, cwd=cwd, start_new_session=True)
+    try:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=env, cwd=cwd, start_new_session=True, pass_fds=() if fd is None else (fd,))
+    finally:
+        if fd is not None:
+            os.close(fd)
     out = _Reader(proc.stdout, settings.max_result_mb * 2 ** 20)
     err = _Reader(proc.stderr, 1 << 16)
     out.start()

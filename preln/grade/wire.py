@@ -34,6 +34,9 @@ MAX_STR = 100_000              # characters of one string
 MAX_INT_DIGITS = 400
 MAX_BLOB_BYTES = 64 * 2 ** 20  # one array
 MAX_TOTAL_BYTES = 256 * 2 ** 20
+#: one figure in a notebook's outputs: characters of its base64 PNG (about 1.5 MB of image), kept
+#: whole up to here by the runner in the sandbox (never cut like text) and shown by the feedback
+MAX_PNG = 2 * 2 ** 20
 
 #: ml_dtypes' types travel as their raw bits: name -> integer dtype of the same size
 ML_DTYPES = {"bfloat16": "uint16", "float8_e4m3fn": "uint8", "float8_e5m2": "uint8",

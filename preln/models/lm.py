@@ -27,7 +27,7 @@ from preln.nn.base import Module
 from preln.nn.config import BlockConfig
 from preln.ops import linear_backward, linear_forward
 from preln.nn.stack import StackKVCache, TransformerStack
-from preln.validation import check_token_ids, nonnegative_int
+from preln.validation import check_token_ids, nonnegative_float, nonnegative_int
 
 __all__ = ["TinyLM", "LMConfig", "sample_next", "cross_entropy_forward", "cross_entropy_backward",
            "embedding_forward", "embedding_backward", "TokenIO", "LanguageModel", "grammar_corpus", "CharVocab", "batches"]
@@ -319,8 +319,10 @@ class TinyLM(LanguageModel):
 
 def sample_next(logits, temperature, rng):  # (B, V) -> (B,) int64
     """Greedy (temperature 0): argmax, the lowest id on a tie. Otherwise one draw per row from
-    softmax(logits / temperature), by inverting the CDF with one uniform number per row."""
-    if temperature == 0:
+    softmax(logits / temperature), by inverting the CDF with one uniform number per row.
+    A negative temperature would sample softmax(-logits), inf the uniform distribution, nan garbage:
+    each is refused, naming the argument."""
+    if nonnegative_float(temperature, "temperature") == 0:
         return logits.argmax(axis=-1)
     z = logits.astype(np.float64) / temperature
     p = np.exp(z - z.max(axis=-1, keepdims=True))                 # (B, V), unnormalised

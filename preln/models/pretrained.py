@@ -12,7 +12,7 @@ of ``preln/data/corpus.txt`` (the synthetic grammar corpus, see preln/data/READM
 and global-norm clipping. ``val_ids`` are the last 10 % of the corpus, never trained on.
 
 Deterministic: the initialisation and the order of batches depend only on ``seed``. After training
-the parameters are rounded to float32 (and stored in float64) and the key bias, whose gradient is
+(:func:`round_params`) the parameters are rounded to float32 (and stored in float64) and the key bias, whose gradient is
 exactly zero, is set to 0: training sums differ by round-off between BLAS kernels, and rounding
 removes that difference, so the stored outputs of the chapters
 that use this model are the same on every CPU (tests/test_pretrained.py checks the recipe).
@@ -31,7 +31,7 @@ from preln.models.lm import LMConfig, TinyLM, batches, cross_entropy_forward
 from preln.models.optim import Adam, train_step
 from preln.models.corpus import load_corpus
 
-__all__ = ["RECIPE", "reference_lm", "reference_lm_log", "perplexity", "split_ids"]
+__all__ = ["RECIPE", "reference_lm", "reference_lm_log", "perplexity", "split_ids", "round_params"]
 
 # The training recipe: small enough to train in seconds on one core, long enough that the model
 # has learnt the corpus's words (held-out perplexity near 2 characters, from 26 at initialisation).
@@ -62,19 +62,28 @@ def _train(norm_first, seed):
     for t in range(1, r["steps"] + 1):
         losses.append(train_step(lm, next(it), opt, t, r, "reference_lm"))   # (B, S) batches
     seconds = time.perf_counter() - start
-    D = r["d_model"]
-    for layer in lm.stack.layers:
-        # The key bias b_k has a zero gradient (it adds q_i . b_k to every score of row i, which
-        # softmax ignores), so training leaves it at round-off noise (~1e-12) that differs between
-        # BLAS kernels: it is exactly 0 in the model, as in the exact arithmetic.
-        layer.params["self_attn.in_proj_bias"][D:2 * D] = 0.0
-    for p in lm.params.values():                             # round-off of the BLAS kernel removed
-        p[...] = p.astype(np.float32)
+    round_params(lm)
     lm.zero_grad()
     lm.eval()
     log = {"recipe": dict(r, norm_first=norm_first, seed=seed), "train_loss": losses,
            "seconds": seconds}
     return lm, vocab, val_ids, log
+
+
+def round_params(lm):
+    """What the recipe does to a model after training, in place (returns ``lm``): a TinyLM's key
+    biases set to 0, then every parameter rounded to float32 (stored in the model's dtype), so
+    that a model trained on any BLAS kernel ends with the same parameters."""
+    if isinstance(lm, TinyLM):
+        D = lm.config.d_model
+        for layer in lm.stack.layers:
+            # The key bias b_k has a zero gradient (it adds q_i . b_k to every score of row i, which
+            # softmax ignores), so training leaves it at round-off noise (~1e-12) that differs
+            # between BLAS kernels: it is exactly 0 in the model, as in the exact arithmetic.
+            layer.params["self_attn.in_proj_bias"][D:2 * D] = 0.0
+    for p in lm.params.values():                             # round-off of the BLAS kernel removed
+        p[...] = p.astype(np.float32)
+    return lm
 
 
 def _get(norm_first, seed):

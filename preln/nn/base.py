@@ -28,7 +28,7 @@ import numpy as np
 from preln.ops.attention import (AttentionCache, attention_forward, flash_attention_forward,
                                  flash_attention_train)
 from preln.precision import Watch, resolve_dtype, resolve_policy
-from preln.validation import (check_bool, check_choice, check_float_array, check_input,
+from preln.validation import (check_bool, check_choice, check_float_array, check_input, check_seed,
                               check_same_shape, check_state_keys, positive_int)
 
 __all__ = ["block_equations", "block_backward", "block_cache_type", "Module", "BlockBase", "KVStore",
@@ -188,7 +188,7 @@ class BlockBase(Module):
         self.trace = check_bool(trace, "trace")
         self.dtype = resolve_dtype(self.default_dtype if dtype is None else dtype)
         self.policy = resolve_policy(policy)
-        self.rng = np.random.default_rng(seed)
+        self.rng = np.random.default_rng(check_seed(seed))
         self.params = type(self).init_of(config, self.rng, self.dtype)
         self.grads = {k: np.zeros_like(v) for k, v in self.params.items()}
         self.overflow = None          # set by forward when trace or check_finite is on

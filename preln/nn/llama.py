@@ -303,7 +303,7 @@ class LlamaBlock(BlockBase):
         self._cache = None                                        # a forward that raises leaves no cache
         x = check_input(x, self.config.d_model, self.dtype)      # (B, S, D)
         kpm = check_mask(key_padding_mask, x.shape)
-        cos_sin = self._tables(x.shape, positions)
+        cos_sin = self.rope_tables(x.shape, positions)
         watch = self._watch()
         with np.errstate(all="ignore"):   # non-finite values are the Watch's to report
             y, cache = self._layers(x, kpm, cos_sin, watch)
@@ -311,7 +311,9 @@ class LlamaBlock(BlockBase):
         self._cache = cache
         return y
 
-    def _tables(self, shape, positions, start=0):  # -> RoPE's (cos, sin)
+    def rope_tables(self, shape, positions=None, start=0):  # -> RoPE's (cos, sin)
+        """RoPE's (cos, sin) for x of ``shape`` in the block's dtype, with the config's theta and
+        scaling; positions default to start .. start + S - 1. Public: the sharded block reuses it."""
         B, S, _ = shape
         if positions is None:
             positions = np.arange(start, start + S)
@@ -378,7 +380,7 @@ class LlamaBlock(BlockBase):
         backward: ``block.backward`` still differentiates the last ``forward``.
         """
         x = self._check_decode(x_new, kv)                         # (B, n, D)
-        cos_sin = self._tables(x.shape, None, start=kv.length)
+        cos_sin = self.rope_tables(x.shape, None, start=kv.length)
         watch = self._watch()
         with np.errstate(all="ignore"):
             y, _ = self._layers(x, None, cos_sin, watch, kv)

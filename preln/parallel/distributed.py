@@ -18,6 +18,7 @@ from preln.nn.block import BlockConfig, TransformerBlock
 from preln.nn.llama import LlamaBlock, LlamaConfig
 from preln.parallel.comm import TorchComm, run_simulated
 from preln.parallel.tensor import MODES, ParallelBlock, check_parallel, predicted_traffic, shard_params
+from preln.validation import positive_float
 
 __all__ = ["REL_TOL", "FAMILIES", "example_block", "check_rank", "main"]
 
@@ -141,6 +142,10 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.world < 1:
         ap.error(f"--world: expected an int >= 1; got {args.world}")
+    try:                                     # 0, a negative or nan time: a usage error, not a traceback
+        positive_float(args.timeout, "--timeout")
+    except ValueError as e:
+        ap.error(str(e))
     if args.rank is not None:
         return _rank_main(args)
     for f in args.families:                  # a configuration that does not split: say so, spawn nothing

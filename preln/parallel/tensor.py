@@ -22,9 +22,10 @@ from preln.nn.block import TransformerBlock
 from preln.nn.llama import LlamaBlock
 from preln.ops import (activation_backward, activation_forward, attention_backward, attention_forward,
                        layer_norm_backward, layer_norm_forward, linear_backward, linear_forward,
-                       merge_heads, rms_norm_backward, rms_norm_forward, rope_backward, rope_cos_sin,
-                       rope_forward, split_heads, swiglu_backward, swiglu_forward)
+                       merge_heads, rms_norm_backward, rms_norm_forward, rope_backward, rope_forward,
+                       split_heads, swiglu_backward, swiglu_forward)
 from preln.parallel.comm import ring_bytes
+from preln.validation import check_mask
 
 __all__ = ["MODES", "check_parallel", "shard_params", "replicated", "ParallelBlock", "predicted_traffic"]
 
@@ -226,7 +227,7 @@ class _LlamaParts(_Parts):
 
     def attention_local(self, h):  # (B, S, D) -> this rank's key/value groups' term of Attn(h)
         p, H, H_kv = self.p, self.pb.local_heads, self.pb.local_kv_heads
-        cos_sin = rope_cos_sin(np.arange(h.shape[1]), self.cfg.d_head, self.cfg.rope_theta)
+        cos_sin = self.pb.rope_tables(h.shape)       # the block's own: its theta and scaling
         q, c_q = linear_forward(h, p["self_attn.q_proj.weight"], None)           # (B, S, H/P d_h)
         k, c_k = linear_forward(h, p["self_attn.k_proj.weight"], None)           # (B, S, H_kv/P d_h)
         v, c_v = linear_forward(h, p["self_attn.v_proj.weight"], None)
@@ -272,7 +273,12 @@ class ParallelBlock:
         self.grads = {k: np.zeros_like(v) for k, v in self.params.items()}
         self.local_heads = block.config.n_heads // comm.world
         self.local_kv_heads = getattr(block.config, "n_kv_heads", block.config.n_heads) // comm.world
-        self.kpm = key_padding_mask
+        # the attention reads a mask as True/False: its dtype is checked here, as the block does (an
+        # int mask was taken), its shape in forward, where the whole sequence's length is known
+        self.kpm = None if key_padding_mask is None else check_mask(
+            key_padding_mask, np.shape(key_padding_mask)[:2])
+        # the block's own RoPE tables (its dtype, theta and scaling), not a copy that could drift
+        self.rope_tables = block.rope_tables if self.family == "llama" else None
         self.replicated = replicated(block)
         self._cache = None
 
@@ -280,11 +286,8 @@ class ParallelBlock:
         return (_LlamaParts if self.family == "llama" else _TransformerParts)(self)
 
     def forward(self, x):  # (B, S or S / P, D) -> the same
-        if self.mode == "sequence":
-            S = x.shape[1] * self.comm.world
-            if self.kpm is not None and self.kpm.shape[1] != S:
-                raise ValueError(f"key_padding_mask: expected shape (B, {S}), the whole sequence; "
-                                 f"got {self.kpm.shape}")
+        S = x.shape[1] * (self.comm.world if self.mode == "sequence" else 1)   # the whole sequence
+        check_mask(self.kpm, (x.shape[0], S))
         y, caches = block_equations(x, self._parts(), getattr(self.config, "norm_first", True))
         self._cache = (x.shape,) + tuple(caches)
         return y

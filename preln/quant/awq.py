@@ -1,5 +1,12 @@
-"""AWQ: activation-aware weight quantisation -- scale the input channels that carry large
-activations up before rounding (Lin et al. 2023, arXiv 2306.00978).
+"""AWQ's scale search, without its clipping search: activation-aware weight quantisation -- scale
+the input channels that carry large activations up before rounding (Lin et al. 2023, arXiv
+2306.00978).
+
+What differs from the published method: AWQ as published and as llm-awq runs it has two searches,
+the per-channel scales (auto_scale) and then, per group, a clipping range for the scaled weights
+(auto_clip: the largest |w| of each group shrunk by up to half, chosen by the output error). This
+module implements the first only, so where the book compares "AWQ" with RTN and GPTQ it is AWQ's
+scale search without its clipping search; the full method can do better.
 
     from preln.quant.awq import awq
     res = awq(w, x, bits=4, group_size=128)     # w (M, K) out x in; x (N, K) calibration inputs
@@ -24,8 +31,7 @@ sublayer: an error in q and k passes through the softmax), else at the layer's o
 
 In a model, dividing x by s costs nothing at run time: it is folded into the LayerNorm before
 in_proj and linear1, or into the previous linear layer. Here it is kept explicit (the quantised
-layer stores s); the authors also clip the weight range per group (auto_clip), which this version
-leaves out.
+layer stores s). The clipping search (auto_clip) is left out, as said above.
 """
 from __future__ import annotations
 

@@ -44,7 +44,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from preln.validation import check_bits, positive_int
+from preln.validation import check_all_finite, check_bits, check_bool, positive_int
 
 __all__ = ["GroupQuant", "SCALE_BYTES", "group_grid", "round_to_grid", "rtn", "pack_int4", "unpack_int4",
            "MAX_BITS", "check_weight", "group_size_of"]
@@ -62,7 +62,7 @@ def check_weight(w, name="w"):
     if w.ndim != 2 or w.dtype.kind not in "fiu" or w.dtype == np.bool_:
         raise ValueError(f"{name}: expected a 2-D (M, K) array of real numbers (out, in); got "
                          f"shape {w.shape}, dtype {w.dtype}")
-    return w.astype(np.float64)
+    return check_all_finite(w.astype(np.float64), name)
 
 
 def group_size_of(K, group_size):  # -> g, the number of input columns per group
@@ -121,13 +121,13 @@ def rtn(w, bits=4, group_size=None, symmetric=False):  # (M, K) -> GroupQuant
     """Round to nearest, in groups of ``group_size`` input columns of each row."""
     w = check_weight(w)
     bits = check_bits(bits, hi=MAX_BITS)
+    symmetric = check_bool(symmetric, "symmetric")
     M, K = w.shape
     g = group_size_of(K, group_size)
     wg = w.reshape(M, K // g, g)                                      # (M, groups, g)
     scale, zero = group_grid(wg, bits, symmetric)                     # (M, groups, 1)
     q, _ = round_to_grid(wg, scale, zero, bits, symmetric)
-    return GroupQuant(q.reshape(M, K).astype(np.int16), scale[..., 0], zero[..., 0], bits, g,
-                      bool(symmetric))
+    return GroupQuant(q.reshape(M, K).astype(np.int16), scale[..., 0], zero[..., 0], bits, g, symmetric)
 
 
 def pack_int4(q, group_size):  # (M, K) ints in [0, 15] -> (M, K // 2) uint8

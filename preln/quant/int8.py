@@ -58,7 +58,7 @@ from preln.nn.base import block_equations
 from preln.nn.block import LINEAR_PARAMS, Reference, TransformerBlock
 from preln.models.lm import TinyLM
 from preln.ops import layer_norm_forward
-from preln.validation import check_bits, check_input, check_mask
+from preln.validation import check_all_finite, check_bits, check_bool, check_choice, check_input, check_mask
 from preln.nn.stack import TransformerStack
 
 __all__ = ["QTensor", "qmax", "quantize", "dequantize", "int_matmul", "accumulate", "int32_max_terms",
@@ -108,6 +108,13 @@ def _as_float(x, name):
     return x if x.dtype.kind == "f" else x.astype(np.float64)
 
 
+def _check_zero_point(zero_point, hi):  # -> int64 array in [0, hi]
+    z = np.asarray(zero_point)
+    if z.dtype.kind not in "iu" or z.size and not 0 <= z.min() <= z.max() <= hi:
+        raise ValueError(f"zero_point: expected integers in [0, {hi}]; got {zero_point!r}")
+    return z.astype(np.int64)
+
+
 def quantize(x, bits=8, granularity="tensor", symmetric=True, scale=None, zero_point=None):
     """x (...) float -> :class:`QTensor` with explicit rounding (half to even) and clamping.
 
@@ -117,13 +124,18 @@ def quantize(x, bits=8, granularity="tensor", symmetric=True, scale=None, zero_p
                  False: q in [0, 2^bits - 1], S = (max - min) / (2^bits - 1), Z = round(-min / S).
                  The range always contains 0, so 0 is represented exactly.
     scale, zero_point: given (static, e.g. from calibration) instead of computed from x; values
-                 outside the range are then clamped.
-    A tensor (or row) of zeros gets S = 1 (any S represents it exactly).
+                 outside the range are then clamped. zero_point only with symmetric=False and a
+                 given scale, integers in [0, 2^bits - 1].
+    A tensor (or row) of zeros gets S = 1 (any S represents it exactly). x must be finite: NaN
+    has no code (it became 0) and an inf would make the scale inf.
     """
-    x = _as_float(x, "x")
+    x = check_all_finite(_as_float(x, "x"), "x")
     bits = check_bits(bits)
-    if granularity not in ("tensor", "channel", "token"):
-        raise ValueError(f"granularity: expected 'tensor', 'channel' or 'token'; got {granularity!r}")
+    symmetric = check_bool(symmetric, "symmetric")                # "no" is not True
+    check_choice(granularity, ("tensor", "channel", "token"), "granularity")
+    if zero_point is not None and (symmetric or scale is None):
+        when = "with symmetric=True (Z = 0)" if symmetric else "when the scale is computed from x"
+        raise ValueError(f"zero_point: expected None {when}; got {zero_point!r}")
     if granularity != "tensor" and x.ndim < 1:
         raise ValueError(f"x: per-{granularity} quantisation needs at least 1 axis; got a scalar")
     axis, keep = (None, False) if granularity == "tensor" else (-1, True)
@@ -147,7 +159,7 @@ def quantize(x, bits=8, granularity="tensor", symmetric=True, scale=None, zero_p
     scale = np.asarray(scale, dtype=ft)
     if np.any(~(scale > 0)) or not np.all(np.isfinite(scale)):
         raise ValueError(f"scale: expected positive finite values; got min {np.min(scale)}")
-    zero_point = np.asarray(zero_point, np.int64)
+    zero_point = _check_zero_point(zero_point, hi)
     q = np.rint(xs / scale) + zero_point                       # round half to even ...
     q = np.clip(q, lo, hi)                                      # ... then clamp: never wrap around
     return QTensor(q.astype(_int_dtype(bits, symmetric)), scale, zero_point, bits, bool(symmetric))

@@ -47,7 +47,7 @@ from preln.nn.base import block_equations
 from preln.nn.block import LINEAR_PARAMS, Reference
 from preln.ops import layer_norm_forward, linear_forward
 from preln.precision import resolve_dtype
-from preln.validation import check_token_ids, index_in, nonnegative_int, positive_int
+from preln.validation import check_token_ids, index_in, nonnegative_float, nonnegative_int, positive_int
 
 __all__ = ["PagedKVCache", "OutOfBlocks", "paged_attention", "paged_forward", "Request",
            "StepRecord", "ServeResult", "ContinuousBatcher"]
@@ -88,13 +88,13 @@ class PagedKVCache:
 
     def remove(self, seq):
         """The sequence leaves: its blocks go back to the free list."""
-        self._check_seq(seq)
+        self.check_seq(seq)
         self._free.extend(reversed(self.tables.pop(seq)))
         del self.lengths[seq]
 
     def blocks_needed(self, seq, n):
         """Blocks ``seq`` must still get to hold n more positions."""
-        self._check_seq(seq)
+        self.check_seq(seq)
         total = -(-(self.lengths[seq] + n) // self.block_size)
         return max(0, total - len(self.tables[seq]))
 
@@ -111,7 +111,7 @@ class PagedKVCache:
         """Store n new positions' keys and values, k, v: (n_kv, n, d_h), after the committed ones
         (reserve them first). The step's attention reads them before :meth:`commit`."""
         layer = index_in(layer, self.n_layers, "layer")       # -1 is not "the last layer"
-        self._check_seq(seq)
+        self.check_seq(seq)
         k, v = np.asarray(k), np.asarray(v)
         want = (self.n_kv_heads, k.shape[1] if k.ndim == 3 else -1, self.d_head)
         if k.ndim != 3 or k.shape != want or v.shape != k.shape:
@@ -128,14 +128,15 @@ class PagedKVCache:
 
     def commit(self, seq, n):
         """The n written positions are now part of ``seq`` (after every layer has written them)."""
-        self._check_seq(seq)
+        self.check_seq(seq)
         n = nonnegative_int(n, "n")
         if self.lengths[seq] + n > len(self.tables[seq]) * self.block_size:
             raise ValueError(f"commit: {seq!r} has room for {len(self.tables[seq]) * self.block_size} "
                              f"positions; cannot commit {self.lengths[seq]} + {n}")
         self.lengths[seq] += n
 
-    def _check_seq(self, seq):
+    def check_seq(self, seq):
+        """A KeyError naming ``seq`` unless it was added."""
         if seq not in self.tables:
             raise KeyError(f"seq: {seq!r} is not in the cache (add it first)")
 
@@ -187,6 +188,12 @@ def paged_attention(q, cache, layer, seq, q_start):  # (H, n, d_h) -> (H, n, d_h
     if H % n_kv or dh != cache.d_head:
         raise ValueError(f"q: expected (H, n, d_h) with H a multiple of n_kv = {n_kv} and "
                          f"d_h = {cache.d_head}; got shape {q.shape}")
+    layer = index_in(layer, cache.n_layers, "layer")                # -1 is not "the last layer"
+    cache.check_seq(seq)
+    q_start, room = nonnegative_int(q_start, "q_start"), len(cache.tables[seq]) * bs
+    if q_start + n > room:       # positions past the reserved blocks: nothing to read
+        raise ValueError(f"q_start: expected q_start + n <= {room}, the positions reserved for {seq!r}; "
+                         f"got {q_start} + {n}")
     g = H // n_kv
     end = q_start + n                                                # positions < end are visible
     table = cache.tables[seq][: -(-end // bs)]
@@ -350,6 +357,9 @@ class ContinuousBatcher:
         ``np.random.default_rng([seed, rid])``, so its tokens do not depend on the others.
         """
         self._check(requests)
+        # checked before any step (sample_next checks it too): a failure mid-run would leave
+        # sequences in the cache
+        nonnegative_float(temperature, "temperature")
         cache, max_len = self.cache, self.lm.config.max_len
         pending = deque(sorted(requests, key=lambda r: (r.arrival, r.rid)))
         waiting, running = deque(), []

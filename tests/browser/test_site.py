@@ -7,7 +7,8 @@ headless Chromium, in three states of one visit (one load: MathJax typesets once
    widgets and nothing of the widget manager loads where there are none; explorable frames are
    files, not inlined; images load and have alt text; axe-core 4.14 finds no WCAG 2.1 A/AA
    violation; every explorable works as an accessible widget (named, grouped, keyboard,
-   announcing, focus ring >= 3:1).
+   announcing, focus ring >= 3:1); each side road ("Deeper", a run of `deeper` cells) is a closed
+   <details> named by its summary that Enter opens, and all are then opened for the checks.
 2. dark mode (prefers-color-scheme, which the theme turns into html[data-theme=dark]): axe finds
    nothing; the explorables' focus rings stand out against the dark page.
 3. 320 CSS px: no sideways scrolling; whatever is wider scrolls in a focusable, named group (not a landmark); axe
@@ -119,6 +120,28 @@ def _check_images(page, name):
     assert not broken, f"{name}: images that did not load: {broken}"
 
 
+DEEPER_SUMMARY = "Deeper \u2014 skip on a first reading: "
+
+
+def _check_deeper(page, name):
+    """Each side road (book/_ext/preln_site.py: a run of `deeper` cells) is a closed <details>
+    whose <summary> names it, opened by the keyboard; then all are opened, so that the checks that
+    follow (images, axe in both modes, reflow) see what is inside."""
+    blocks = page.evaluate("""() => Array.from(document.querySelectorAll('.bd-article details.preln-deeper'))
+        .map(d => ({open: d.open, summary: d.firstElementChild && d.firstElementChild.tagName === 'SUMMARY'
+                    ? d.firstElementChild.textContent.trim() : null}))""")
+    bad = [b for b in blocks if b["open"] or not (b["summary"] or "").startswith(DEEPER_SUMMARY.strip())
+           or len(b["summary"]) <= len(DEEPER_SUMMARY)]
+    assert not bad, f"{name}: side roads not closed or without a naming summary: {bad}"
+    if blocks:
+        summary = page.locator(".bd-article details.preln-deeper > summary").first
+        summary.focus()
+        page.keyboard.press("Enter")
+        assert page.evaluate("() => document.querySelector('.bd-article details.preln-deeper').open"), \
+            f"{name}: Enter on a side road's summary does not open it"
+    page.evaluate("() => document.querySelectorAll('.bd-article details.preln-deeper').forEach(d => { d.open = true; })")
+
+
 def _check_search(page, log):
     """A search lists the matching pages without downloading them (no summaries fetched)."""
     page.wait_for_selector("#search-results ul.search li", timeout=20_000)
@@ -157,6 +180,7 @@ def test_page(open_page, screenshot_dir, name):
         check(_check_frames_are_files, page, name, log)
     check(check_math, page, name)
     check(_check_widgets, page, name, log)
+    check(_check_deeper, page, name)
     check(_check_images, page, name)
     _shot(page, screenshot_dir, name)
     check(_check_axe, page, name, "light")

@@ -1,8 +1,8 @@
 """Figure code of the book's chapters: one module per subject, so notebooks only import and call
-(the two chapters of a split subject share one: ``inference`` and ``inference_serving`` use
+(the chapters of a split subject share one: ``inference`` and ``inference_serving`` use
 ``figures.inference``, ``int8`` and ``int8_weight_only`` ``figures.int8``, ``precision`` and
-``precision_fixes`` ``figures.precision``, ``derivation_ops`` and ``derivation_ops_mlp``
-``figures.derivation``).
+``precision_fixes`` ``figures.precision``, ``derivation_ops``, ``derivation_ops_attention`` and
+``derivation_ops_mlp`` ``figures.derivation``).
 
 Each module defines ``EXPLORABLES``: a dict name -> (plot, controls), where ``plot(**values)``
 returns a matplotlib Figure and ``controls`` maps each control's name to its list of values. The

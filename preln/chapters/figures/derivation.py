@@ -1,7 +1,8 @@
 """Figures, tables and data helpers for the derivation chapters.
 
-``book/derivation_ops.ipynb`` (Derivation I: the ops) derives every op's backward and checks it;
-its figures, explorables and data helpers are here. The helpers for the whole block (the forward
+``book/derivation_ops.ipynb``, ``book/derivation_ops_attention.ipynb`` and
+``book/derivation_ops_mlp.ipynb`` (Derivation I: the ops, in three parts) derive every op's backward
+and check it; their figures, explorables and data helpers are here. The helpers for the whole block (the forward
 split into named intermediates, the losses that check its gradients, :class:`Table`) are shared
 with ``book/derivation_block.ipynb`` (Derivation II), which imports them from this module. The
 explorables keep the prefix ``derivation.`` that ``preln.chapters.figures.CHAPTERS`` gives this module.
@@ -36,7 +37,7 @@ from preln.chapters.viz import PALETTE, control, table_caption
 
 __all__ = [
     "FORWARD_STEPS", "MASKS", "Table", "forward_steps", "intermediate_loss", "param_loss",
-    "step_sweep", "qk_logit_stats", "softmax_saturation", "gelu_difference", "masked_attention",
+    "qk_logit_stats", "softmax_saturation", "gelu_difference", "masked_attention",
     "plot_step_sweep", "plot_qk_variance", "plot_qk_scaling", "plot_attention_masks", "plot_gelu",
     "LN_GRAPH_NODES", "LN_GRAPH_EDGES", "plot_layernorm_graph", "online_softmax_trace",
     "tiling_example", "plot_online_softmax", "online_softmax_alt", "layer_norm_output_std",
@@ -130,15 +131,6 @@ def param_loss(x, params, config, w, name, key_padding_mask=None) -> Callable:
 
 # ---- finite differences: the step ----------------------------------------------------------------
 
-def step_sweep(f, x, analytic, steps, numerical_gradient, rel_error):
-    """rel_error(analytic, central difference of f at x with step h) for each h in ``steps``.
-
-    ``numerical_gradient`` and ``rel_error`` are passed in (the chapter uses ``preln.gradcheck``).
-    Returns a float64 array shaped like ``steps``.
-    """
-    return np.array([rel_error(analytic, numerical_gradient(f, x, eps=h)) for h in steps])
-
-
 def plot_step_sweep(steps, errors, chosen=1e-6) -> Figure:
     """Log-log plot of the gradient-check error against the finite-difference step."""
     steps, errors = np.asarray(steps), np.asarray(errors)
@@ -146,30 +138,30 @@ def plot_step_sweep(steps, errors, chosen=1e-6) -> Figure:
     ax = fig.subplots()
     ax.loglog(steps, errors, "o-", color=BLUE, label="LayerNorm backward vs central difference")
     u = np.finfo(np.float64).eps / 2
-    ax.loglog(steps, steps ** 2, "--", color=ORANGE, label=r"truncation $\propto h^2$")
-    ax.loglog(steps, u / steps, ":", color=VERMILLION, label=r"round-off $\propto u/h$")
+    ax.loglog(steps, steps ** 2, "--", color=ORANGE, label=r"truncation $\propto \delta^2$")
+    ax.loglog(steps, u / steps, ":", color=VERMILLION, label=r"round-off $\propto u/\delta$")
     ax.axvline(chosen, color=BLACK, lw=1, alpha=0.6)
-    ax.annotate(f"h = {chosen:g}", (chosen, errors.max()), xytext=(4, -4),
+    ax.annotate(f"δ = {chosen:g}", (chosen, errors.max()), xytext=(4, -4),
                 textcoords="offset points", va="top", fontsize=9)
     ax.set_ylim(max(errors.min() / 10, 1e-18), 10)
-    ax.set_xlabel("finite-difference step h (dimensionless)")
+    ax.set_xlabel("finite-difference step δ (dimensionless)")
     ax.set_ylabel("relative error (dimensionless)")
     ax.set_title("Gradient check: error vs step")
     ax.legend(loc="upper center")
     i, big = int(np.argmin(errors)), int(np.argmax(steps))
     # the lowest error is round-off level: name the step where it is, not its digits; the error at
     # the largest step is truncation, stable to its digits
-    shape = (f"a V-shaped valley, lowest at h = {sig(steps[i])}" if 0 < i < len(steps) - 1 else
-             f"no valley inside the range: lowest at its end, h = {sig(steps[i])}")
-    alt = (f"Log-log plot of the LayerNorm gradient-check error against the step h from {sig(steps[0])} "
+    shape = (f"a V-shaped valley, lowest at δ = {sig(steps[i])}" if 0 < i < len(steps) - 1 else
+             f"no valley inside the range: lowest at its end, δ = {sig(steps[i])}")
+    alt = (f"Log-log plot of the LayerNorm gradient-check error against the step δ from {sig(steps[0])} "
            f"to {sig(steps[-1])}: {shape}.")
     description = (f"Blue circles: the relative error between the LayerNorm backward and central differences "
-                   f"for each finite-difference step h, from {sig(steps[0])} to {sig(steps[-1])}, both axes "
-                   f"logarithmic. At h = {sig(steps[big])} the error is {sig(errors[big])}. Two reference lines: "
-                   f"truncation error proportional to h squared (dashed orange), which dominates for large "
-                   f"steps, and round-off error proportional to u/h (dotted vermillion, u = {sig(u)} the "
+                   f"for each finite-difference step δ, from {sig(steps[0])} to {sig(steps[-1])}, both axes "
+                   f"logarithmic. At δ = {sig(steps[big])} the error is {sig(errors[big])}. Two reference lines: "
+                   f"truncation error proportional to δ squared (dashed orange), which dominates for large "
+                   f"steps, and round-off error proportional to u/δ (dotted vermillion, u = {sig(u)} the "
                    f"unit round-off of float64), which dominates for tiny steps. The error shows {shape}; a "
-                   f"vertical line marks the chosen step, h = {sig(chosen)}.")
+                   f"vertical line marks the chosen step, δ = {sig(chosen)}.")
     return set_alt(fig, short_alt(alt), description)
 
 

@@ -6,8 +6,9 @@ checks and plots:
 - Jacobians dy/dx of a block on one sequence (:func:`block_jacobian`, one batched forward and
   backward), their summary numbers, and the interactive Pre-LN vs Post-LN heatmaps
   (:func:`plot_jacobians`, over the width D and the input scale);
-- the L-block Pre-LN and Post-LN stacks as a diagram (:func:`plot_stack_diagram`) and the final
-  LayerNorm's 1/rms(x_L) scaling of every gradient (:func:`final_norm_scaling`);
+- the L-block Pre-LN and Post-LN stacks as a diagram (:func:`plot_stack_diagram`) and the plot of
+  the final LayerNorm's 1/rms(x_L) scaling of every gradient (:func:`plot_final_norm_scaling`; the
+  chapter measures it in view);
 - inverted dropout's moments (:func:`dropout_moments`) and the BatchNorm experiments: running
   statistics (:func:`bn_running_trace`), the train/eval gap against batch size
   (:func:`bn_train_eval_gap`), padding (:func:`bn_padding_effect`), and one token's outputs as
@@ -26,12 +27,11 @@ from preln.nb import set_alt, short_alt, sig
 from preln.nn.block import TransformerBlock
 from preln.nn.config import BlockConfig
 from preln.ops import BatchNorm1d, batchnorm_forward, dropout_forward, layer_norm_forward
-from preln.nn.stack import TransformerStack
 from preln.chapters.viz import PALETTE, control
 
 __all__ = [
-    "block_jacobian", "jacobian_stats", "ln_jacobian", "jacobian_pair", "plot_jacobians",
-    "jacobians_alt", "plot_stack_diagram", "final_norm_scaling", "plot_final_norm_scaling",
+    "block_jacobian", "jacobian_stats", "jacobian_pair", "plot_jacobians",
+    "jacobians_alt", "plot_stack_diagram", "plot_final_norm_scaling",
     "dropout_moments", "plot_dropout_moments", "bn_running_trace", "bn_train_eval_gap",
     "bn_padding_effect", "plot_batchnorm", "bn_token_outputs", "plot_bn_token", "bn_token_alt",
     "EXPLORABLES",
@@ -66,14 +66,6 @@ def jacobian_stats(J):
     n = J.shape[0]
     return {"diag": float(np.diag(J).mean()),
             "dist": float(np.linalg.norm(J - np.eye(n)) / np.sqrt(n))}
-
-
-def ln_jacobian(x_row, eps=1e-5):
-    """The LayerNorm Jacobian d xhat / d x of one row (gamma = 1): r (I - 1/D - xhat xhat^T / D)."""
-    D = x_row.shape[-1]
-    xhat, r = (x_row - x_row.mean()), 1 / np.sqrt(x_row.var() + eps)
-    xhat = xhat * r
-    return r * (np.eye(D) - 1.0 / D - np.outer(xhat, xhat) / D)
 
 
 def jacobian_pair(d_model=8, scale=1.0, seq_len=5, seed=0):
@@ -228,36 +220,13 @@ def plot_stack_diagram(n_layers=2) -> Figure:
     return set_alt(fig, short_alt(alt), description)
 
 
-def final_norm_scaling(scales=(0.5, 1, 2, 4, 8, 16), n_layers=4, d_model=8, seq_len=5, seed=0):
-    """A Pre-LN stack (float64, final LayerNorm) run at inputs x_0 = c * N(0, 1) for each c.
-
-    Returns float64 arrays over ``scales``: "rms_xL" (the mean over tokens of the biased std of
-    x_L, i.e. ||x_L - mean|| / sqrt(D)), "r_f" (the mean over tokens of the final LayerNorm's
-    r = 1/sqrt(var + eps)), "grad_norm" (||dx_0||, the gradient of the loss at the input, for a
-    fixed gradient dy at the output) and "ln_gain" (the largest singular value of the final
-    LayerNorm's Jacobian for token 0); "scales" and "n_layers" echo the arguments.
-    """
-    cfg = BlockConfig(d_model=d_model, n_heads=2, d_ff=2 * d_model, norm_first=True)
-    stack = TransformerStack(cfg, n_layers, dtype=np.float64, seed=seed)
-    rng = np.random.default_rng(seed + 1)
-    z = rng.standard_normal((1, seq_len, d_model))
-    dy = rng.standard_normal((1, seq_len, d_model))
-    out = {k: [] for k in ("rms_xL", "r_f", "grad_norm", "ln_gain")}
-    for c in scales:
-        _, hidden = stack(c * z, return_hidden=True)
-        xL = hidden[-1]
-        dx0 = stack.backward(dy)
-        stack.zero_grad()
-        out["rms_xL"].append(float(xL.std(-1).mean()))
-        out["r_f"].append(float(stack.norm_cache.rstd.mean()))
-        out["grad_norm"].append(float(np.linalg.norm(dx0)))
-        out["ln_gain"].append(float(np.linalg.svd(ln_jacobian(xL[0, 0], cfg.eps), compute_uv=False)[0]))
-    return {k: np.array(v) for k, v in out.items()} | {"scales": np.array(scales, dtype=float),
-                                                        "n_layers": n_layers}
-
-
 def plot_final_norm_scaling(data) -> Figure:
-    """||dx_0|| and the final LayerNorm's gain against rms(x_L), log-log, with slope -1."""
+    """||dx_0|| and the final LayerNorm's gain against rms(x_L), log-log, with slope -1.
+
+    ``data``: {"scales": the input scales c, "n_layers": L, and arrays over the scales "rms_xL"
+    (rms of x_L), "grad_norm" (||dx_0||) and "ln_gain" (the final LayerNorm's largest singular
+    value)}, as the chapter's cell measures them.
+    """
     fig = Figure(figsize=(5.8, 3.6))
     ax = fig.subplots()
     rms = data["rms_xL"]

@@ -1,9 +1,9 @@
-"""Figures and data helpers for "The modern block" (``book/modern_block.ipynb``).
+"""Figures and data helpers for "The modern block" (``book/modern_block.ipynb``) and its second part,
+"The modern block in a language model" (``book/modern_block_lm.ipynb``: the experiment below).
 
 What the chapter computes beyond the package itself, so that the notebook only imports, calls,
 checks and plots:
 
-- RMSNorm against LayerNorm: the two Jacobians of one row (:func:`norm_jacobians`);
 - RoPE: the score of one query and one key placed at positions m and n, as a function of m - n
   (:func:`rope_scores`, the explorable :func:`plot_rope_scores` over theta and d_h) and the
   per-pair frequencies (:func:`plot_rope_frequencies`);
@@ -12,7 +12,7 @@ checks and plots:
 - the experiment: a small Llama-style LM and the book's Pre-LN GPT-style reference LM at equal
   parameter count, trained by one recipe (:data:`EXPERIMENT`, :func:`experiment_configs`,
   :func:`build_model`, :func:`train_run`); ``scripts/llama_vs_gpt.py`` stores the runs in
-  ``preln/data/llama_vs_gpt/`` (:func:`load_runs`, :func:`load_weights`), and the chapter plots
+  ``preln/data/llama_vs_gpt/`` (:func:`load_runs`, :func:`load_weights`), and the second part plots
   them (:func:`plot_training_curves`) and re-runs a slice.
 
 Every plot returns a :class:`matplotlib.figure.Figure` built without pyplot. ``EXPLORABLES``
@@ -27,16 +27,16 @@ from matplotlib.figure import Figure
 
 from preln.models.llama_lm import LlamaLM, LlamaLMConfig, train_lm
 from preln.models.lm import LMConfig, TinyLM
-from preln.ops import layer_norm_backward, layer_norm_forward, rms_norm_backward, rms_norm_forward, rope_forward
+from preln.ops import rope_forward
 from preln.ops.rope import rope_frequencies
-from preln.models.pretrained import RECIPE, split_ids
+from preln.models.pretrained import RECIPE, round_params, split_ids
 from preln.resources import data_path
 from preln.chapters.viz import PALETTE, control
 from preln.nb import set_alt, short_alt, sig
 from preln.models.corpus import load_corpus
 
 __all__ = [
-    "norm_jacobians", "rope_scores", "plot_rope_scores", "rope_scores_alt", "plot_rope_frequencies",
+    "rope_scores", "plot_rope_scores", "rope_scores_alt", "plot_rope_frequencies",
     "kv_cache_bytes", "plot_kv_bytes", "kv_bytes_alt", "EXPERIMENT", "MODELS", "experiment_configs",
     "build_model", "train_run", "round_like_reference", "load_runs", "load_weights", "runs_table",
     "plot_training_curves", "training_curves_alt", "ngram_perplexity", "loss_by_position",
@@ -45,19 +45,6 @@ __all__ = [
 ]
 
 BLUE, VERMILLION, GREEN, ORANGE, SKY, PURPLE, BLACK, YELLOW = PALETTE
-
-
-# ---- RMSNorm vs LayerNorm ---------------------------------------------------------------------
-def norm_jacobians(x_row, eps=0.0):
-    """d y / d x of one row (gain 1) for LayerNorm and RMSNorm, each built column by column from
-    the package's backward (row i of J = the backward of the unit vector e_i). -> (J_ln, J_rms)."""
-    x = np.asarray(x_row, np.float64)[None]                      # (1, D)
-    D = x.shape[1]
-    _, c_ln = layer_norm_forward(x, np.ones(D), np.zeros(D), eps)
-    _, c_rms = rms_norm_forward(x, np.ones(D), eps)
-    J_ln = np.stack([layer_norm_backward(e[None], c_ln)[0][0] for e in np.eye(D)])
-    J_rms = np.stack([rms_norm_backward(e[None], c_rms)[0][0] for e in np.eye(D)])
-    return J_ln, J_rms
 
 
 # ---- RoPE: the score against the offset -----------------------------------------------------------
@@ -231,15 +218,9 @@ def build_model(name, vocab_size, seed):
 
 
 def round_like_reference(model):
-    """What preln.models.pretrained does after training: a gradient that is exactly zero leaves the
-    parameter at round-off noise that differs between BLAS kernels (the GPT's key bias), so it is
-    set to 0; then every parameter is rounded to float32 (stored in float64)."""
-    if isinstance(model, TinyLM):
-        D = model.config.d_model
-        for layer in model.stack.layers:
-            layer.params["self_attn.in_proj_bias"][D:2 * D] = 0.0
-    for p in model.params.values():
-        p[...] = p.astype(np.float32)
+    """What preln.models.pretrained does after training (round_params: a TinyLM's key biases set to
+    0, every parameter rounded to float32), then the gradients cleared and eval mode, as stored."""
+    round_params(model)
     model.zero_grad()
     return model.eval()
 

@@ -143,17 +143,17 @@ def plot_softmax_overflow(t, naive, safe, threshold):
 
 
 def plot_layernorm_thresholds(ds, empirical):
-    """rms at which a float16 sum of squares overflows, against d: closed form and bisection."""
+    """rms at which a float16 sum of squares overflows, against the width D: closed form and bisection."""
     fig = Figure()
     ax = fig.add_subplot()
     dd = np.geomspace(min(ds), max(ds), 200)
-    ax.plot(dd, np.sqrt(65520.0 / dd), color=BLUE, label="closed form $\\sqrt{65520/d}$")
+    ax.plot(dd, np.sqrt(65520.0 / dd), color=BLUE, label="closed form $\\sqrt{65520/D}$")
     ax.scatter(ds, empirical, color=VERMILLION, marker="o", zorder=3,
                label="bisection with the naive LayerNorm")
     ax.fill_between(dd, np.sqrt(65520.0 / dd), 20, color=VERMILLION, alpha=0.08)
     ax.text(600, 16, "variance = inf:\noutput silently 0", fontsize=9, color=VERMILLION)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("model width d")
+    ax.set_xlabel("model width D")
     ax.set_ylabel("input rms at overflow")
     ax.set_ylim(0, 20)
     ax.legend(loc="upper right")
@@ -161,13 +161,13 @@ def plot_layernorm_thresholds(ds, empirical):
     closed = np.sqrt(65520.0 / np.array([min(ds), max(ds)], dtype=float))
     # the bisection stops at a float16 spacing, about 1e-3 of the value: say "on it" within 1 %
     on = "lie on it" if off < 0.01 else f"lie up to {off:.0%} off it"
-    alt = (f"Input rms at which a float16 LayerNorm overflows, d = {min(ds)} to {max(ds)}: sqrt(65520/d) "
+    alt = (f"Input rms at which a float16 LayerNorm overflows, D = {min(ds)} to {max(ds)}: sqrt(65520/D) "
            f"falls from {closed[0]:.3g} to {closed[-1]:.3g}; the bisection points {on}.")
     description = (f"Input rms at which a float16 LayerNorm's sum of squares overflows, against the model "
-                   f"width d from {min(ds)} to {max(ds)} on a log2 axis. The closed-form curve sqrt(65520/d) "
+                   f"width D from {min(ds)} to {max(ds)} on a log2 axis. The closed-form curve sqrt(65520/D) "
                    f"falls from {closed[0]:.3g} to {closed[-1]:.3g}, and the points found by bisection with "
                    f"the package's naive LayerNorm {on}: "
-                   + ", ".join(f"{e:.3g} at d = {d}" for d, e in zip(ds, empirical))
+                   + ", ".join(f"{e:.3g} at D = {d}" for d, e in zip(ds, empirical))
                    + ". The region above the curve is shaded: there the variance is inf and the output "
                      "silently zero.")
     return set_alt(fig, short_alt(alt), description)
@@ -190,10 +190,10 @@ def plot_overflow_map(dtype="float16", policy="naive", d=64):
               extent=(scales[0] - step / 2, scales[-1] + step / 2, 0.5, grid.shape[0] + 0.5))
     s_ln = 0.5 * math.log2(65520.0 / d)
     ax.axvline(s_ln, color=BLACK, lw=1.2, ls="--")
-    ax.text(s_ln + 0.15, grid.shape[0] * 0.92, "$\\sqrt{65520/d}$", fontsize=9)
+    ax.text(s_ln + 0.15, grid.shape[0] * 0.92, "$\\sqrt{65520/D}$", fontsize=9)
     ax.set_xlabel("log$_2$ input rms")
     ax.set_ylabel("depth (blocks applied)")
-    ax.set_title(f"{dtype}, {policy} policy, d = {d}", fontsize=11)
+    ax.set_title(f"{dtype}, {policy} policy, D = {d}", fontsize=11)
     ax.grid(False)
     handles = [Patch(facecolor=c, edgecolor=BLACK, lw=0.8, label=lab) for c, lab in zip(STATUS_COLOURS, numerics.STATUS)]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
@@ -210,37 +210,37 @@ def overflow_map_alt(dtype="float16", policy="naive", d=64):
         if cols.size:
             parts.append(f"{name} for input rms {scales[cols[0]]:g} to {scales[cols[-1]]:g}")
     return (f"Heat map of input rms (x, log scale 1 to 32768) against depth 1 to {grid.shape[0]} "
-            f"for a {dtype} Pre-LN stack with the {policy} policy at d = {d}: " + "; ".join(parts)
-            + f". The dashed line marks sqrt(65520/d) = {math.sqrt(65520.0 / d):.3g}.")
+            f"for a {dtype} Pre-LN stack with the {policy} policy at D = {d}: " + "; ".join(parts)
+            + f". The dashed line marks sqrt(65520/D) = {math.sqrt(65520.0 / d):.3g}.")
 
 
 def plot_stream_growth(curves, widths, xavier=None):
     """Per-token mean square of the residual stream against depth, with the float16 thresholds.
 
-    curves: {d: array over depth 0..L of max_token_ss / d} (PyTorch's initialisation);
-    widths: the d whose 65520/d is drawn; xavier: optional {d: array} for Xiong et al.'s theory
+    curves: {D: array over depth 0..L of max_token_ss / D} (PyTorch's initialisation);
+    widths: the D whose 65520/D is drawn; xavier: optional {D: array} for Xiong et al.'s theory
     setting (Xavier initialisation), drawn dashed.
     """
     fig = Figure()
     ax = fig.add_subplot()
     for (d, m), c in zip(curves.items(), [BLUE, GREEN, PURPLE]):
-        ax.plot(np.arange(len(m)), m, color=c, label=f"PyTorch init, d = {d} (float32)")
+        ax.plot(np.arange(len(m)), m, color=c, label=f"PyTorch init, D = {d} (float32)")
     # not orange: dashed like the vermillion limits, and the same colour as them under deuteranopia
     for (d, m), c in zip((xavier or {}).items(), [BLACK, SKY]):
-        ax.plot(np.arange(len(m)), m, color=c, ls="--", label=f"Xavier, theory setting, d = {d}")
+        ax.plot(np.arange(len(m)), m, color=c, ls="--", label=f"Xavier, theory setting, D = {d}")
     for D, ls in zip(widths, ["-", "--", ":"]):
         ax.axhline(65520.0 / D, color=VERMILLION, ls=ls, lw=1.2,
-                   label=f"float16 LayerNorm limit 65520/d, d = {D}")
+                   label=f"float16 LayerNorm limit 65520/D, D = {D}")
     ax.set_xlabel("depth l (blocks applied)")
     ax.set_ylabel("mean square per token")
     ax.legend(loc="upper left")
     limits = {D: 65520.0 / D for D in widths}
 
     def reading(name, d, m):
-        crossed = [f"d = {D} at block {np.nonzero(m >= lim)[0][0]}"
+        crossed = [f"D = {D} at block {np.nonzero(m >= lim)[0][0]}"
                    for D, lim in limits.items() if (m >= lim).any()]
-        missed = [f"d = {D}" for D, lim in limits.items() if not (m >= lim).any()]
-        return (f"{name} at d = {d}: from {sig(m[0])} to {sig(m[-1])} over {len(m) - 1} blocks"
+        missed = [f"D = {D}" for D, lim in limits.items() if not (m >= lim).any()]
+        return (f"{name} at D = {d}: from {sig(m[0])} to {sig(m[-1])} over {len(m) - 1} blocks"
                 + (", crossing the limit for " + ", ".join(crossed) if crossed else "")
                 + (", below the limit for " + ", ".join(missed) if missed else "") + ".")
 
@@ -257,8 +257,8 @@ def plot_stream_growth(curves, widths, xavier=None):
     description = ("Largest per-token mean square of the residual stream against depth, for float32 Pre-LN "
                    "stacks. Solid lines: the package's blocks with PyTorch's initialisation. "
                    + ("Dashed: Xiong et al.'s theory setting with Xavier initialisation. " if xavier else "")
-                   + "Horizontal vermillion lines mark the float16 LayerNorm limits 65520/d: "
-                   + ", ".join(f"{sig(lim)} for d = {D}" for D, lim in limits.items()) + ". "
+                   + "Horizontal vermillion lines mark the float16 LayerNorm limits 65520/D: "
+                   + ", ".join(f"{sig(lim)} for D = {D}" for D, lim in limits.items()) + ". "
                    + " ".join(reading("PyTorch's initialisation", d, m) for d, m in curves.items()) + " "
                    + " ".join(reading("Xavier initialisation", d, m) for d, m in (xavier or {}).items()))
     return set_alt(fig, short_alt(alt + "."), description)
@@ -345,5 +345,5 @@ def plot_dynamic_scaling(run, grad_rms):
 EXPLORABLES = {
     "overflow_map": (plot_overflow_map, {"dtype": control("number format", numerics.GRID_DTYPES),
                                          "policy": control("precision policy", numerics.GRID_POLICIES),
-                                         "d": control("model width d", numerics.GRID_D)}),
+                                         "d": control("model width D", numerics.GRID_D)}),
 }

@@ -24,12 +24,16 @@ import signal
 import sys
 import time
 
+from wire import MAX_PNG                       # the grader's own limit per figure (wire.py: both sides)
+
 T_START = time.monotonic()
 JOB = os.environ.get("PRELN_GRADER_JOB", "/job")
 OUT = os.environ.get("PRELN_GRADER_OUT", "/work/.grader-out")
 MAX_RESULT_FILE = 80 * 2 ** 20
 #: what a cell's outputs keep, per text field and in all, and the notebook's outputs in all: a long
-#: debugging print is cut (and says so), it does not fail the notebook
+#: debugging print is cut (and says so), it does not fail the notebook. A figure is never cut (a cut
+#: PNG is no image): kept whole up to MAX_PNG while the notebook's budget lasts, else replaced by
+#: {"dropped": its size} for the grader to say so in the feedback
 MAX_TEXT, MAX_CELL_OUTPUT, MAX_OUTPUTS = 64 * 1024, 256 * 1024, 8 * 2 ** 20
 #: seconds an interrupted kernel has to answer again before it is restarted
 RECOVER_S = 10
@@ -144,9 +148,18 @@ class Session:
 
 def truncate(outputs, budget):
     """The outputs with every text field cut to MAX_TEXT, the cell's to MAX_CELL_OUTPUT and the
-    notebook's to what is left of ``budget`` (a one-item list), each cut saying how much it left out."""
+    notebook's to what is left of ``budget`` (a one-item list), each cut saying how much it left out;
+    each PNG whole (charged to the notebook's budget only) or, past MAX_PNG or the budget, dropped."""
     allowance = min(MAX_CELL_OUTPUT, budget[0])
     left = [allowance]
+
+    def image(png):
+        if not isinstance(png, str):
+            return png
+        if len(png) > MAX_PNG or len(png) > budget[0] - (allowance - left[0]):
+            return {"dropped": len(png)}
+        budget[0] -= len(png)
+        return png
 
     def cut(text):
         keep = max(0, min(MAX_TEXT, left[0]))
@@ -165,7 +178,8 @@ def truncate(outputs, budget):
         if isinstance(o.get("traceback"), list):
             o["traceback"] = [cut(str(line)) for line in o["traceback"][:200]]
         if isinstance(o.get("data"), dict):
-            o["data"] = {k: cut(v) if isinstance(v, str) else v for k, v in o["data"].items()}
+            o["data"] = {k: image(v) if k == "image/png" else cut(v) if isinstance(v, str) else v
+                         for k, v in o["data"].items()}
         out.append(o)
     budget[0] -= allowance - left[0]
     return out
