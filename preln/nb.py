@@ -26,7 +26,7 @@ except ImportError:          # a learner's environment: no book toolchain
     _myst_glue = None
 
 __all__ = ["glue", "HAVE_MYST_NB", "glued_text", "eval_expressions", "evaluate_in_kernel", "store_expressions",
-           "stale_expressions", "check_line", "BLANK_HINT", "sig", "fixed", "span", "listed", "set_alt", "describe", "short_alt", "image_bundle", "figure_bundle",
+           "stale_expressions", "measured_expressions", "check_line", "BLANK_HINT", "sig", "fixed", "span", "listed", "set_alt", "describe", "short_alt", "image_bundle", "figure_bundle",
            "register_figure_display", "png_size", "palette_png", "FIGURE_DPI", "ALT_MAX"]
 
 #: True when myst-nb is importable (the book's build environment and `make test`).
@@ -108,6 +108,20 @@ def glued_text(spec):
 glue.text = glued_text
 
 
+def measured_expressions(nb):
+    """The ``{eval}`` expressions of notebook ``nb`` that quote a value glued by a cell marked
+    ``# NBVAL_IGNORE_OUTPUT`` (a measurement of the machine: a time, a bandwidth), by its stored
+    outputs: nbval compares neither that cell's outputs nor these values, only that they exist."""
+    import re
+
+    names = {out.get("metadata", {}).get("scrapbook", {}).get("name")
+             for cell in nb.cells if cell.cell_type == "code" and "NBVAL_IGNORE_OUTPUT" in cell.source
+             for out in cell.get("outputs", [])} - {None}
+    quoted = re.compile(r"""glue\.text\(["']([^"':]+)""")
+    return {e for cell in nb.cells if cell.cell_type == "markdown" for e in eval_expressions(cell.source)
+            if (m := quoted.search(e)) and m.group(1) in names}
+
+
 def eval_expressions(source):
     """The expressions of the ``{eval}`...``` roles in markdown ``source``, each once, in order."""
     import re
@@ -164,10 +178,12 @@ def store_expressions(nb, evaluate):
     return failed
 
 
-def stale_expressions(nb, evaluate):
+def stale_expressions(nb, evaluate, measured=()):
     """``[(cell index, expression, stored text, evaluated text)]`` for each ``{eval}`` role of
     notebook ``nb`` whose stored result (``user_expressions``) is missing or differs from what
-    ``evaluate`` computes now (compared as the text/plain a reader sees)."""
+    ``evaluate`` computes now (compared as the text/plain a reader sees). Expressions in
+    ``measured`` quote a measurement of the machine (a timing): for those only a missing or failing
+    value is stale, as nbval ignores the output of the cell that measured it."""
     def shown(result):
         if not result:
             return None
@@ -183,7 +199,8 @@ def stale_expressions(nb, evaluate):
         stored = {u.get("expression"): u.get("result") for u in cell.metadata.get("user_expressions", [])}
         now = evaluate(expressions)
         stale += [(index, e, shown(stored.get(e)), shown(now[e])) for e in expressions
-                  if shown(stored.get(e)) != shown(now[e]) or (stored.get(e) or {}).get("status") != "ok"]
+                  if (stored.get(e) or {}).get("status") != "ok" or now[e].get("status") != "ok"
+                  or (e not in measured and shown(stored.get(e)) != shown(now[e]))]
     return stale
 
 

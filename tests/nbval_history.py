@@ -22,11 +22,12 @@ RunningKernel.execute_cell_input = _execute_cell_input
 # A markdown cell stores the values of its {eval} roles in its metadata (user_expressions), which
 # JupyterLab shows and the site prints. After a notebook's last cell, one more test item evaluates
 # them all in the same kernel (as scripts/execute_notebooks.py does for `make notebooks`) and fails
-# where a stored value is missing, an error, or differs from what the run computes.
+# where a stored value is missing, an error, or differs from what the run computes (a value a
+# `# NBVAL_IGNORE_OUTPUT` cell measured -- a timing -- need only exist: nbval ignores that cell too).
 import pytest  # noqa: E402
 from nbval.plugin import IPyNbFile  # noqa: E402
 
-from preln.nb import eval_expressions, evaluate_in_kernel, stale_expressions  # noqa: E402
+from preln.nb import eval_expressions, evaluate_in_kernel, measured_expressions, stale_expressions  # noqa: E402
 
 EXPRESSIONS_ITEM = "markdown expressions"
 EVAL_TIMEOUT_S = 60   # evaluating every glue.text(...) of a chapter takes well under a second
@@ -37,7 +38,9 @@ class StoredExpressions(pytest.Item):
         kernel = self.parent.kernel
         if kernel is None or not kernel.is_alive():
             raise AssertionError("the notebook's kernel is not running: its cells failed")
-        stale = stale_expressions(self.parent.nb, lambda exprs: evaluate_in_kernel(kernel.kc, exprs, EVAL_TIMEOUT_S))
+        nb = self.parent.nb
+        stale = stale_expressions(nb, lambda exprs: evaluate_in_kernel(kernel.kc, exprs, EVAL_TIMEOUT_S),
+                                  measured=measured_expressions(nb))
         if stale:
             raise AssertionError(f"{len(stale)} stored markdown expression values differ from this run "
                                  "(`make notebooks` stores fresh ones):\n" + "\n".join(

@@ -94,6 +94,32 @@ def test_store_and_stale_expressions():
     assert pnb.stale_expressions(nb, lambda exprs: {e: values[e] for e in exprs}) == [(0, "f(1)", "'1.0'", "'1.1'")]
 
 
+def test_a_measured_value_need_only_exist():
+    """A number glued by a `# NBVAL_IGNORE_OUTPUT` cell (a timing) may differ from run to run, as that
+    cell's outputs may; it must still be stored and evaluate without an error."""
+    timed = nbformat.v4.new_code_cell("# NBVAL_IGNORE_OUTPUT\nglue('ms', 12.3)")
+    timed.outputs = [nbformat.v4.new_output("display_data", data={"application/papermill.record/text/plain": "12.3"},
+                                            metadata={"scrapbook": {"name": "ms"}})]
+    exact = nbformat.v4.new_code_cell("glue('n', 4)")
+    exact.outputs = [nbformat.v4.new_output("display_data", data={"application/papermill.record/text/plain": "4"},
+                                            metadata={"scrapbook": {"name": "n"}})]
+    md = nbformat.v4.new_markdown_cell('{eval}`glue.text("ms:.1f")` ms for {eval}`glue.text("n")` tokens')
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [timed, exact, md]
+    measured = pnb.measured_expressions(nb)
+    assert measured == {'glue.text("ms:.1f")'}
+    values = {'glue.text("ms:.1f")': _ok("12.3"), 'glue.text("n")': _ok("4")}
+    pnb.store_expressions(nb, lambda exprs: {e: values[e] for e in exprs})
+    values['glue.text("ms:.1f")'] = _ok("14.0")                      # another run, another time
+    run = lambda exprs: {e: values[e] for e in exprs}
+    assert pnb.stale_expressions(nb, run, measured=measured) == []
+    assert len(pnb.stale_expressions(nb, run)) == 1                   # without the exemption: stale
+    values['glue.text("n")'] = _ok("5")                               # an exact value still counts
+    assert [e for _, e, _, _ in pnb.stale_expressions(nb, run, measured=measured)] == ['glue.text("n")']
+    values['glue.text("ms:.1f")'] = {"status": "error", "ename": "KeyError", "evalue": "'ms'", "traceback": []}
+    assert 'glue.text("ms:.1f")' in [e for _, e, _, _ in pnb.stale_expressions(nb, run, measured=measured)]
+
+
 # ---- scripts/glue_to_eval.py ----------------------------------------------------------------------
 def _chapter():
     nb = nbformat.v4.new_notebook()

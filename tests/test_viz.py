@@ -259,13 +259,24 @@ def test_alt_is_required_and_plot_must_return_a_figure():
     plt.close("all")
 
 
-def test_live_needs_a_kernel():
+@pytest.fixture
+def no_shell():
+    """No IPython shell in this process: another test on the same xdist worker may have left its
+    process-wide singleton behind (in random order, before or after these tests)."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    InteractiveShell.clear_instance()
+    yield
+    InteractiveShell.clear_instance()
+
+
+def test_live_needs_a_kernel(no_shell):
     ex = explorable(line_plot, {"scale": [1.0], "shift": [0.0]}, alt=alt_text)
     with pytest.raises(RuntimeError, match="kernel"):
         ex.live()
 
 
-def test_live_in_ipython_returns_an_interactive():
+def test_live_in_ipython_returns_an_interactive(no_shell):
     pytest.importorskip("ipywidgets")
     from IPython.testing.globalipapp import start_ipython
 

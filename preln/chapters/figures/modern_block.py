@@ -74,10 +74,10 @@ def plot_rope_scores(theta=10000.0, d_head=16) -> Figure:
     fig = Figure(figsize=(6.4, 3.4))
     ax = fig.subplots()
     ax.plot(r["offset"], r["score_raw"], color=BLACK, ls=":", lw=1.5, label="no rotation")
-    ax.plot(r["offset"], r["score"], color=BLUE, label="RoPE, key at n = 128")
+    ax.plot(r["offset"], r["score"], color=BLUE, label="RoPE, key at position 128")
     ax.plot(r["offset"], r["score_shifted"], color=VERMILLION, ls="--", lw=1.5,
-            label="RoPE, key at n = 1128")
-    ax.set_xlabel("offset m − n (query position − key position)")
+            label="RoPE, key at position 1128")
+    ax.set_xlabel("offset t − t′ (query position − key position)")
     ax.set_ylabel("score q·k / √d_h")
     ax.set_title(f"θ = {theta:g}, d_h = {d_head}", fontsize=10)
     ax.legend(loc="lower center")
@@ -87,7 +87,7 @@ def plot_rope_scores(theta=10000.0, d_head=16) -> Figure:
 def rope_scores_alt(theta=10000.0, d_head=16) -> str:
     r = rope_scores(d_head, theta)
     s = r["score"]
-    return (f"Line chart of the attention score of one query and one key against the offset m minus n "
+    return (f"Line chart of the attention score of one query and one key against the offset, query position minus key position, "
             f"from -64 to 64, for RoPE base theta {theta:g} and head width {d_head}. Without rotation "
             f"the score is a flat dotted line at {r['score_raw'][0]:.2f}. With RoPE it peaks at "
             f"{s.max():.2f} at offset {int(r['offset'][s.argmax()])} and swings between {s.min():.2f} "
