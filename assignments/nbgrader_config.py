@@ -34,6 +34,9 @@ c.Autograde.autograde_preprocessors = [SandboxedExecute, IgnorePattern, ClearMet
 # Per-cell time limit when grading (also each question's hidden calls): an answer that loops
 # forever loses its question only. Memory and CPU caps: see SandboxedExecute's options.
 c.SandboxedExecute.timeout = 60
+# Partial credit (issue 32): a question whose hidden checks name requirements (preln.course.requirement)
+# scores the points of the requirements it meets; all-or-nothing per question instead:
+# c.SandboxedExecute.all_or_nothing = True   (make grade GRADE_ARGS=--all-or-nothing)
 # Feedback (generate_feedback, formgrader's button): every student-written markdown cell rendered
 # through an allow-list sanitiser, no script, handler, frame, form or style (preln/grade/feedback.py).
 c.GenerateFeedback.exporter_class = "preln.grade.feedback.FeedbackExporter"

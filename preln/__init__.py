@@ -7,8 +7,8 @@ assembles them and matches ``torch.nn.TransformerEncoderLayer`` given the same w
 ``python -m preln`` prints this map, the version, and how to open the book and run its notebooks.
 
 Which module serves which chapter (the chapters are the notebooks ``book/<chapter>.ipynb``); the
-layers, each importing only itself and the layers before it: foundation -> ops -> nn -> models -> quant, serve, gguf, parallel ->
-chapters -> course, grade (tests/test_layout.py checks it)::
+layers, each importing only itself and the layers before it (tests/test_layout.py states and checks it):
+foundation (blas, gradcheck, measure, precision, resources, validation) <- ops <- nn <- models <- quant, serve, parallel <- gguf <- chapters (with nb) <- course, bench, __main__, __init__ <- grade::
 
     preln.precision         precision, precision_fixes, derivation_ops
         foundation: storage dtypes, the safe and naive policies, the overflow tracer
@@ -20,8 +20,10 @@ chapters -> course, grade (tests/test_layout.py checks it)::
         foundation: BLAS threads (threadpoolctl) and the OpenBLAS kernel in use
     preln.resources         every chapter
         foundation: data_path(), the data files shipped inside the package (preln/data/)
+    preln.measure           inference, shape_flow, precision, many_devices
+        foundation: timing (interleaved rounds, best of repeats) and peak memory (tracemalloc)
     preln.nb                every chapter
-        foundation: glue(), myst-nb's where the book's toolchain is installed, a plain display elsewhere
+        presentation (the chapters' layer): glue(), myst-nb's where the book's toolchain is installed, a plain display elsewhere
     preln.ops               derivation_ops, derivation_ops_attention, derivation_ops_mlp, derivation_block, modern_block, modern_block_lm
         the ops, each a *_forward -> (out, cache) and *_backward(dout, cache) pair: linear,
         layer_norm, softmax, attention (plain, tiled, grouped-query), activations, dropout,

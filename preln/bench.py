@@ -44,10 +44,10 @@ import os
 import statistics
 import sys
 import time
-import tracemalloc
 
 import numpy as np
 
+from preln.measure import best_time, peak_bytes, time_interleaved
 from preln.nn.block import TransformerBlock
 from preln.nn.config import BlockConfig
 from preln.ops import (activation_backward, activation_forward, fused, layer_norm_forward,
@@ -139,48 +139,21 @@ def blas_name():
 CLOCK = time.perf_counter
 
 
-def _time(fn, setup=None):
-    if setup is not None:
-        setup()
-    t0 = CLOCK()
-    fn()
-    return CLOCK() - t0
-
-
 def time_pairs(np_fn, refs, setup_np=None, repeats=10, warmup=2):
-    """Run ``np_fn`` and each reference interleaved, pair by pair, so that a machine busy with
-    something else slows both sides alike. ``refs``: {name: (fn, setup) or None}.
+    """Run ``np_fn`` and each reference interleaved (:func:`preln.measure.time_interleaved`, on
+    :data:`CLOCK`), so that a machine busy with something else slows both sides alike.
+    ``refs``: {name: (fn, setup) or None}.
 
     Returns (median numpy s, {name: median s}, {name: median numpy / median ref}): the ratio is
     the one of the two medians, so a table's ratio column equals its two time columns (issue 34).
     """
     refs = {k: v for k, v in refs.items() if v is not None}
-    t_np, t_ref = [], {k: [] for k in refs}
-    for r in range(warmup + repeats):
-        gc.collect()
-        a = _time(np_fn, setup_np)
-        for name, (fn, setup) in refs.items():
-            b = _time(fn, setup)
-            if r >= warmup:
-                t_ref[name].append(b)
-        if r >= warmup:
-            t_np.append(a)
-    med = statistics.median
-    medians = {k: med(v) for k, v in t_ref.items()}
-    return med(t_np), medians, {k: med(t_np) / m for k, m in medians.items()}
-
-
-def peak_bytes(fn, setup=None):
-    """Peak bytes allocated (tracemalloc; numpy reports its buffers to it) while fn runs."""
-    if setup is not None:
-        setup()
-    gc.collect()
-    tracemalloc.start()
-    try:
-        fn()
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    ours = object()                                  # a key no reference's name can equal
+    fns = {ours: np_fn, **{k: fn for k, (fn, _) in refs.items()}}
+    setups = {ours: setup_np, **{k: setup for k, (_, setup) in refs.items()}}
+    t = time_interleaved(fns, repeats, warmup, threads=None, clock=CLOCK, setups=setups, collect=True)
+    medians = {k: t[k].median for k in refs}
+    return t[ours].median, medians, {k: t[ours].median / m for k, m in medians.items()}
 
 
 # ---- the block's GEMMs alone --------------------------------------------------------------------
@@ -694,20 +667,17 @@ def run_widgets(args):
 
 
 def _train_step_peak(model, x, repeats=1):  # -> (peak extra bytes, best seconds) of forward + backward
-    times, peak = [], 0
-    for _ in range(repeats):
-        if hasattr(model, "layers"):
-            for layer in model.layers:
-                layer._cache = None
-        tracemalloc.start()
-        base = tracemalloc.get_traced_memory()[0]
-        t0 = time.perf_counter()
+    def step():
         model(x)
         model.backward(x)
-        times.append(time.perf_counter() - t0)
-        peak = max(peak, tracemalloc.get_traced_memory()[1] - base)
-        tracemalloc.stop()
-    return peak, min(times)
+
+    def drop_caches():                      # the last step's activations are not this one's
+        for layer in getattr(model, "layers", []):
+            layer._cache = None
+
+    seconds = time_interleaved({"step": step}, repeats, 0, None, time.perf_counter,
+                               {"step": drop_caches})["step"].best
+    return peak_bytes(step, setup=drop_caches), seconds
 
 
 def run_training_memory(args):
@@ -738,7 +708,7 @@ def run_training_memory(args):
     for ckpt in (False, True):
         stack = TransformerStack(cfg, L, dtype=np.float32, seed=0, attention="tiled", checkpoint=ckpt)
         rows[ckpt] = _train_step_peak(stack, x, repeats=args.repeats)
-    t_fwd = min(_time(lambda: one(x)) for _ in range(args.repeats))
+    t_fwd = best_time(lambda: one(x), args.repeats, warmup=0, clock=CLOCK)
     # the backward's working memory (gradients, tiles) comes on top of the kept activations once:
     # one block's whole step peak stands for "one block's activations" in the formulas
     formula = {False: ((L - 1) * act + one_step, rows[False][1]),

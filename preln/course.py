@@ -39,10 +39,13 @@ import warnings
 import numpy as np
 
 __all__ = ["check", "call", "call_strict", "close", "equal", "raises", "satisfies", "unchanged",
-           "arg_after", "returns", "code", "no_credit_for", "grading_view", "Outcome", "Call", "Expectation"]
+           "arg_after", "returns", "code", "no_credit_for", "grading_view", "requirement", "in_place_of",
+           "diagnose", "Outcome", "Call", "Expectation"]
 
 #: the grader installs its collector here while it runs a hidden region (preln/grade/checks.py)
 _PLAN = None
+#: in the instructor's kernel: the requirement the checks that follow belong to (for the message)
+_REQUIREMENT = None
 
 
 # ---- what a call produced --------------------------------------------------------------------
@@ -159,17 +162,64 @@ def check(what, subject, *expectations):
     outcome = subject if isinstance(subject, Outcome) else Outcome("value", subject)
     failures = verify(outcome, expectations)
     if failures:
-        raise AssertionError(f"hidden check on {what}: " + "; ".join(failures))
+        told = f"requirement {_REQUIREMENT!r} — " if _REQUIREMENT else ""
+        raise AssertionError(f"{told}hidden check on {what}: " + "; ".join(failures))
 
 
 def verify(outcome, expectations):
-    """The failure messages of ``expectations`` on ``outcome`` (empty when every one holds)."""
+    """The failure messages of ``expectations`` on ``outcome`` (empty when every one holds); a
+    failure is followed by the words of every :class:`diagnose` that recognises the result."""
     out = []
     for e in expectations:
+        if isinstance(e, diagnose):
+            continue
         msg = e.verify(outcome)
         if msg:
             out.append(msg)
+    if out and outcome.kind == "value":
+        out += [w for e in expectations if isinstance(e, diagnose) for w in [e.recognise(outcome)] if w]
     return out
+
+
+def requirement(name, points, says, core=False):
+    """Start a named requirement of the question: the checks after it (up to the next
+    ``requirement``) are its group, and the question scores the points of the groups it passes
+    (partial credit; the grader's ``--all-or-nothing`` gives a question its points only when
+    every group passes).
+
+    - name: the requirement as the prompt names it ("dtype", "fully masked rows").
+    - points: what it is worth; a question's requirements add up to its points.
+    - says: the requirement in the prompt's words, shown when it fails ("a row whose keys are
+      all masked gives a zero output row").
+    - core: the requirement checks the values on ordinary inputs. The other groups earn their
+      points only if a core group passes, so a hard-coded shape or a constant cannot collect a
+      "shape" or "zeros" group by accident. Without any ``core=True``, the first group is the core.
+    """
+    global _REQUIREMENT
+    if not isinstance(name, str) or not name.strip():
+        raise TypeError(f"name: expected the requirement's name; got {name!r}")
+    if not isinstance(says, str) or not says.strip():
+        raise TypeError(f"says: expected the requirement in the prompt's words; got {says!r}")
+    if not (isinstance(points, numbers.Real) and points > 0):
+        raise ValueError(f"points: expected a number > 0; got {points!r}")
+    if _PLAN is None:
+        _REQUIREMENT = name
+        return
+    _PLAN.requirement(name, points, says, bool(core))
+
+
+def in_place_of(name, reference):
+    """While this question is graded, the notebook's function ``name`` (an earlier answer this one
+    may call) is ``reference``, a function written with :func:`code`: a bug in the earlier answer
+    costs its own question only (no cascade). No effect in the instructor's kernel, where ``name``
+    is the solution already."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise TypeError(f"name: expected the earlier answer's function name; got {name!r}")
+    if not isinstance(getattr(reference, "_preln_source", None), tuple):
+        raise TypeError("reference: expected a function written as code('lambda ...'); "
+                        f"got {type(reference).__name__}")
+    if _PLAN is not None:
+        _PLAN.in_place_of(name, reference)
 
 
 def code(text, **env):
@@ -346,12 +396,22 @@ def _array(e, got, want, name):
         except Exception:                               # noqa: BLE001: a ragged list, say
             return f"{name}: {_kind(got)}, expected an array"
     if got.shape != want.shape:
-        return f"{name}: shape {got.shape}, expected {want.shape}"
+        return f"{name}: shape {got.shape}, expected {want.shape}" + _shape_words(got.shape, want.shape)
     if e.dtype and got.dtype != want.dtype:
-        return f"{name}: dtype {got.dtype}, expected {want.dtype}"
+        return (f"{name}: dtype {got.dtype}, expected {want.dtype} (the task asks for that dtype: "
+                f"compute in it, or cast the result back)")
     if got.dtype.kind not in "biufc" and not _is_ml_dtype(got.dtype):
         return f"{name}: dtype {got.dtype} is not numeric"
     return e._values(got, want, name)
+
+
+def _shape_words(got, want):
+    """What a shape mismatch usually means, in the task's terms."""
+    if len(got) > len(want) and tuple(got[len(got) - len(want):]) == tuple(want):
+        return "; it should sum (or reduce) over every leading axis"
+    if sorted(got) == sorted(want):
+        return "; the axes are in the wrong order"
+    return ""
 
 
 def _is_ml_dtype(dt):
@@ -406,11 +466,15 @@ class close(Expectation):
             diff = np.abs(g[ok] - w[ok])
             bound = self.atol + self.rtol * np.abs(w[ok])
             bad = diff > bound
-            rel = float(np.max(diff[bad] / np.maximum(np.abs(w[ok][bad]), np.finfo(float).tiny))) if np.any(bad) else 0.0
+            # the error against the reference's scale, not entry by entry: an entry that should be
+            # 0 would give a relative difference of 1e+307, true and meaningless to a student
+            scale = float(np.max(np.abs(w[ok]))) if np.any(ok) else 0.0
+            worst = float(np.max(diff[bad])) if np.any(bad) else 0.0
         if np.any(bad):
             return (f"{name}: {int(np.sum(bad))} of {diff.size} values differ from the reference by more "
-                    f"than the tolerance (rtol={self.rtol:g}, atol={self.atol:g}; largest relative "
-                    f"difference {rel:.2g})")
+                    f"than the tolerance (rtol={self.rtol:g}, atol={self.atol:g}); largest error "
+                    f"{worst:.2g}, against values of size up to {scale:.2g}"
+                    + (" — wrong in the leading digits, not round-off" if worst > 1e-3 * scale else ""))
         return None
 
 
@@ -503,6 +567,26 @@ class returns(Expectation):
             return None
         names = " or ".join(t.__name__ for t in self.types)
         return f"{self.what}: {_kind(value)}, expected {names}"
+
+
+class diagnose(satisfies):
+    """Words for a failure that a known mistake explains: when another expectation of the same
+    check fails and ``predicate(result, *args)`` holds, ``text`` is added to the feedback (e.g.
+    "yours sum to 1 (uniform weights): a finite fill such as -1e9 does this"). Never fails by
+    itself; evaluated in the grader."""
+
+    def verify(self, outcome):
+        return None
+
+    def recognise(self, outcome):
+        """``what`` if the predicate holds of the result, else None."""
+        try:
+            value = _get_part(outcome.value, self.part)
+            with warnings.catch_warnings(), np.errstate(all="ignore"):
+                warnings.simplefilter("ignore")
+                return self.what if bool(self.predicate(value, *self.args)) else None
+        except Exception:                                   # noqa: BLE001: another kind of result
+            return None
 
 
 def _arg(args_kwargs, which):

@@ -347,7 +347,13 @@ def test_pages_list_every_released_assignment():
         path = f"assignments/release/{name}/{name}.ipynb"
         assert (nbtools.ROOT / path).is_file(), f"{path} is missing: run `make assignments`"
         assert f"<../{path}>" in course, f"book/course.md does not link {path}"
-        assert "colab.research.google.com/github/" in course and "mybinder.org/v2/gh/" in course
+        assert "colab.research.google.com/github/" in course
+    # issue 32: the student edition alone — no Binder (a copy of the repository, sources included),
+    # no clone to work in; instructors are pointed to the private-fork section
+    told = " ".join(course.split())
+    assert "mybinder.org" not in course and "inside a clone" not in told, "book/course.md sends students to the repository"
+    assert "Do not work in a clone of the book's repository" in told
+    assert "{ref}`private-fork`" in course
 
 
 def test_course_page_loads_nothing_from_elsewhere():
@@ -376,7 +382,7 @@ def test_feedback_counts_failed_checks_not_failed_expectations():
     exps = [equal(np.array([1.0, 2.0])), satisfies(lambda v: v.sum() > 100, "a sum over 100")]
     qp = SimpleNamespace(checks=[("the first input", 0, exps), ("the second input", 1, exps[:1])],
                          calls=[{"id": "c0", "keep_args": False}, {"id": "c1", "keep_args": False}],
-                         references=(), answers=(), points=3)
+                         references=(), answers=(), points=3, requirements=[])
     value = {"kind": "value", "value": wire.dumps(*wire.encode_result(np.array([5.0, 6.0])))}
     right = {"kind": "value", "value": wire.dumps(*wire.encode_result(np.array([1.0, 2.0])))}
     plan = SimpleNamespace(questions={"q1": qp})
@@ -476,3 +482,201 @@ def test_student_markdown_is_reduced_to_inert_html():
     for active in ("<script", "<iframe", "<style", "<form", "<input", "onclick", "onerror", "javascript:",
                    "style=", 'class="panel"', "svg"):
         assert active not in html.replace("&lt;", "\0"), active
+
+
+# --- issue 32: every requirement a prompt states has a visible test and a hidden group ---------
+import ast  # noqa: E402
+import re  # noqa: E402
+
+#: a prompt's requirement list: "**Requirements (4 points):**" then "- **name** (2 points): ..."
+REQUIREMENTS_HEAD = re.compile(r"\*\*Requirements \((\d+(?:\.\d+)?) points?\):\*\*")
+REQUIREMENT_ITEM = re.compile(r"^- \*\*(.+?)\*\* \((\d+(?:\.\d+)?) points?\):", re.M)
+#: the line that opens a requirement's visible test in a tests cell
+VISIBLE = re.compile(r"^# requirement: (.+?)\s*$", re.M)
+
+
+def prompt_requirements(text):
+    """(stated total, [(name, points)]) of a prompt, or None if it lists no requirements."""
+    head = REQUIREMENTS_HEAD.search(text)
+    if head is None:
+        return None
+    return float(head.group(1)), [(n, float(p)) for n, p in REQUIREMENT_ITEM.findall(text[head.end():])]
+
+
+def visible_tests(public):
+    """{requirement: its visible test's code} of a tests cell's public part."""
+    marks = list(VISIBLE.finditer(public))
+    return {m.group(1): public[m.end():(marks[i + 1].start() if i + 1 < len(marks) else len(public))]
+            for i, m in enumerate(marks)}
+
+
+def hidden_requirements(hidden):
+    """[(name, points)] of the requirement(...) calls of a hidden region, in order."""
+    return [(c.args[0].value, float(c.args[1].value)) for c in ast.walk(ast.parse(hidden))
+            if isinstance(c, ast.Call) and getattr(c.func, "id", None) == "requirement"]
+
+
+def test_the_requirement_parsers_read_a_prompt_and_a_tests_cell():
+    prompt = "**Requirements (3 points):**\n- **values** (2 points): y.\n- **dtype** (1 point): x's.\n"
+    assert prompt_requirements(prompt) == (3.0, [("values", 2.0), ("dtype", 1.0)])
+    assert prompt_requirements("no list") is None
+    public = "x = 1\n# requirement: values\nassert x\n# requirement: dtype\ny = 2\n"
+    assert visible_tests(public) == {"values": "\nassert x\n", "dtype": "\ny = 2\n"}
+    assert hidden_requirements('requirement("values", 2, "y")\ncheck(1)') == [("values", 2.0)]
+
+
+def test_every_stated_requirement_has_a_visible_test_and_a_hidden_group(source):
+    """Issue 32: each requirement a prompt lists has a visible test (its own '# requirement:'
+    block with an assert) and is a group of the hidden checks with the same points; the points
+    add up to the question's."""
+    name, nb = source
+    prompts = {nbtools.grade_id(c)[:-len("_prompt")]: c.source for c in nb.cells
+               if (nbtools.grade_id(c) or "").endswith("_prompt")}
+    for q in nbtools.questions(nb):
+        stated = prompt_requirements(prompts.get(q.key, ""))
+        tests = nb.cells[q.tests].source
+        hidden = hidden_requirements(checks.hidden_region(tests))
+        if stated is None:
+            assert not hidden, f"{name} {q.key}: hidden requirement groups the prompt does not list"
+            continue
+        total, items = stated
+        assert items, f"{name} {q.key}: a requirements heading without items"
+        assert total == q.points == sum(p for _, p in items), (name, q.key, total, q.points, items)
+        assert hidden == items, f"{name} {q.key}: the hidden groups {hidden} are not the prompt's {items}"
+        visible = visible_tests(nbtools.without_hidden(tests))
+        for req, _ in items:
+            assert req in visible, f"{name} {q.key}: requirement {req!r} has no visible test"
+            assert "assert " in visible[req], f"{name} {q.key}: the visible test of {req!r} asserts nothing"
+        assert set(visible) <= {req for req, _ in items}, f"{name} {q.key}: a visible test of no stated requirement"
+
+
+# --- issue 32: partial credit by requirement groups, worded feedback, no cascades --------------
+def _verdict(groups_passed, core=(0,), name_uses=()):
+    """A verdict whose groups (1 point each but the first, 2) pass as ``groups_passed`` says."""
+    groups = [{"name": f"r{i}", "points": 2 if i == 0 else 1, "says": f"requirement {i}", "core": i in core,
+               "n_checks": 1, "failures": [] if ok else [f"input {i}: wrong"]}
+              for i, ok in enumerate(groups_passed)]
+    failures = [f for g in groups for f in g["failures"]]
+    return checks.Verdict("q1", sum(g["points"] for g in groups), failures, len(groups), name_uses, groups=groups)
+
+
+def test_a_question_scores_the_groups_it_passes_and_says_which_failed():
+    v = _verdict([True, True, False])
+    assert v.score() == 3 and v.score(all_or_nothing=True) == 0 and not v.passed
+    lines = v.lines()
+    assert lines[0] == "Score: 3 of 4 points." and "- met: r0 (2 points)" in lines
+    assert "- NOT MET: r2 (1 point): requirement 2" in lines and any("input 2: wrong" in ln for ln in lines)
+    assert _verdict([True, True, True]).score() == 4
+
+
+def test_no_group_counts_without_a_core_group_nor_with_a_forbidden_name():
+    """A cheat that meets a side requirement by accident (a hard-coded shape, zeros) gets nothing."""
+    assert _verdict([False, True, True]).score() == 0
+    assert "do not count" in _verdict([False, True, True]).lines()[0]
+    assert _verdict([False, True, True], core=(0, 1)).score() == 2        # another core group passed
+    assert _verdict([True, True, True], name_uses=["softmax (attribute)"]).score() == 0
+
+
+def test_partial_credit_reaches_nbgrader_as_a_number():
+    from nbgrader.utils import determine_grade
+    import nbformat
+    from preln.grade import autograde
+    for verdict, want in ((_verdict([True, False, True]), 3.0), (_verdict([False, True, True]), 0.0),
+                          (_verdict([True, True, True]), 4.0)):
+        cell = nbformat.v4.new_code_cell("", metadata={"nbgrader": {"grade": True, "solution": False,
+                                                                     "points": 4, "grade_id": "q1_tests"}})
+        cell.outputs = autograde.verdict_outputs(verdict)
+        assert determine_grade(cell)[0] == want, cell.outputs
+        cell.outputs = autograde.verdict_outputs(verdict, all_or_nothing=True)
+        assert determine_grade(cell)[0] == (4.0 if want == 4.0 else 0.0)
+
+
+def test_diagnose_adds_words_only_to_a_failure_it_recognises():
+    from preln.course import diagnose
+    uniform = diagnose(lambda o: np.allclose(o, o.mean()), "yours average the values: a -1e9 fill does this")
+    msg = fails("a fully masked row", np.full(3, 0.5), close(np.zeros(3), what="O"), uniform)
+    assert "differ from the reference" in msg and "a -1e9 fill does this" in msg
+    assert "-1e9" not in fails("a fully masked row", np.arange(3.0), close(np.zeros(3), what="O"), uniform)
+    check("a fully masked row", np.zeros(3), close(np.zeros(3), what="O"), uniform)
+
+
+def test_a_value_error_is_told_against_the_reference_scale_not_entry_by_entry():
+    """An entry that should be 0 gave 'largest relative difference 6.5e+307' (issue 32)."""
+    msg = fails("a masked row", np.array([0.5, 1.0]), close(np.array([0.0, 1.0]), rtol=1e-9, what="O"))
+    assert "largest error 0.5, against values of size up to 1" in msg and "e+307" not in msg
+    assert "every leading axis" in fails("a 3-D input", np.zeros((4, 6)), close(np.zeros(6), what="dgamma"))
+
+
+def test_requirement_and_in_place_of_check_their_arguments():
+    from preln.course import in_place_of, requirement
+    with pytest.raises(ValueError, match="points: expected a number > 0; got 0"):
+        requirement("dtype", 0, "keeps x's dtype")
+    with pytest.raises(TypeError, match="says: expected"):
+        requirement("dtype", 1, "")
+    with pytest.raises(TypeError, match="reference: expected a function written as code"):
+        in_place_of("softmax", np.exp)
+
+
+def test_an_earlier_answer_is_the_reference_while_a_later_question_is_graded(tmp_path):
+    """No cascade: question 2 calls the notebook's `double`, replaced by the grader's while q2's
+    calls run, and the student's own again afterwards; the name check does not read it."""
+    from preln.grade import checks
+    src = textwrap.dedent('''
+        from preln.course import check, close, code, in_place_of, no_credit_for, requirement
+        no_credit_for("preln.ops.softmax")
+        in_place_of("double", code("lambda x: 2 * x"))
+        requirement("values", 1, "four times x")
+        check("x = 1.5", quad(np.array([1.5])), close(np.array([6.0]), what="y"))
+    ''')
+    qp = checks.QuestionPlan("q2", 1, ["quad"], 0)
+    ns = {"np": np, "quad": checks.Answer("quad", qp)}
+    with checks._collecting(qp):
+        exec(src, ns)                                                   # noqa: S102: the test's own code
+    qp.finish()
+    plan = type("P", (), {"questions": {"q2": qp}})()
+    student = {"double": lambda x: 3 * x, "quad": lambda x: student["double"](student["double"](x))}
+    results, status = checks.run_in_process(plan, student)
+    assert student["double"](1) == 3                                    # restored after the calls
+    sources = ["import preln.ops\ndef double(x):\n    return preln.ops.softmax(x)\n"
+               "def quad(x):\n    return double(double(x))\n"]
+    v = checks.evaluate(plan, results, status, sources)["q2"]
+    assert v.passed and v.score() == 1, v.lines()
+
+
+def test_the_references_put_in_place_of_earlier_answers_agree_with_the_package():
+    """preln/grade/references.py: what a later question's calls see instead of an earlier answer
+    (in_place_of) is that answer done right, checked against the package's implementation."""
+    from preln import BlockConfig, ops
+    from preln.chapters import inference
+    from preln.grade import references as R
+    from preln.quant import groups, int8
+    same = 1e-12                         # float64: the same formula computed another way
+    rng = np.random.default_rng(32)
+    x = np.array([[0.5, -np.inf, 1.5], [-np.inf] * 3, [1000.0, 999.0, -1e4]])
+    assert np.array_equal(R.SOFTMAX(x), ops.softmax(x)) and R.SOFTMAX(x.astype(np.float16)).dtype == np.float16
+    s, dp = rng.standard_normal((3, 4)), rng.standard_normal((3, 4))
+    p = ops.softmax(s, axis=0)
+    assert np.allclose(R.SOFTMAX_BACKWARD(dp, p, axis=0), ops.softmax_backward(dp, p, axis=0), rtol=same, atol=same)
+    for dt in (np.float64, np.float32, np.float16):
+        x = (3 * rng.standard_normal((4, 6))).astype(dt)
+        for per_row in (False, True):
+            q, scale = R.QUANTIZE_ABSMAX(x, per_row=per_row)
+            want = int8.quantize(x, granularity="channel" if per_row else "tensor")
+            assert np.array_equal(q, want.q) and np.array_equal(scale, want.scale), (dt, per_row)
+    a, b = rng.integers(-127, 128, (3, 50)).astype(np.int8), rng.integers(-127, 128, (2, 50)).astype(np.int8)
+    assert np.array_equal(R.INT8_MATMUL(a, b), a.astype(np.int64) @ b.astype(np.int64).T)
+    x, w, bias = (rng.standard_normal(s).astype(np.float32) for s in ((4, 16), (3, 16), (3,)))
+    assert np.array_equal(R.INT8_LINEAR(x, w, bias), int8.QLinear(w, bias, "w8a8")(x))
+    w = rng.standard_normal((3, 16))
+    got, want = R.RTN_GROUPS(w, 4, 8), groups.rtn(w, bits=4, group_size=8)
+    assert all(np.allclose(g, r, rtol=same, atol=0) for g, r in zip(got, (want.q, want.scale, want.zero)))
+    x, pos = rng.standard_normal((2, 3, 5, 8)), np.arange(5) + 7
+    assert np.allclose(R.ROPE(x, pos, 500.0), ops.rope_forward(x, positions=pos, theta=500.0)[0], rtol=same, atol=same)
+    q, k, v = rng.standard_normal((2, 4, 5, 8)), rng.standard_normal((2, 2, 5, 8)), rng.standard_normal((2, 2, 5, 8))
+    for causal in (False, True):
+        assert np.allclose(R.GQA_ATTENTION(q, k, v, causal=causal), ops.attention_forward(q, k, v, causal=causal)[0],
+                           rtol=same, atol=same)
+    cfg = BlockConfig(d_model=64, n_heads=4, d_ff=256)
+    cost = inference.decode_cost(cfg, n_layers=2, batch=3, context=100, itemsize=2)
+    assert R.DECODE_STEP_COST(cfg, 2, 3, 100) == (cost.flops, cost.nbytes)
+    assert R.KV_CACHE_BYTES(2, 3, 100, 4, 16, 2) == inference.kv_cache_bytes(2, 3, 100, 4 * 16, 2)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from preln.grade import cli
+from preln.grade import cli, nbtools
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "course"
@@ -35,6 +35,9 @@ TOTAL_MEM_MB = 2048
 #: view holds preln.ops, before its derivation_ops, which looks for what the first one stored
 NAMES = ("derivation_block", "derivation_ops", "int8", "preln_vs_postln")
 EXPECTED = json.loads((FIXTURES / "expected.json").read_text())
+#: derivation_ops' autograded and written points: honest work scores all the autograded ones
+AUTO, MANUAL = nbtools.points(nbtools.read(nbtools.source_path("derivation_ops")))
+FULL = f"{AUTO:g}"
 
 
 def fingerprint(*roots):
@@ -90,12 +93,12 @@ def test_every_row_is_the_expected_one(graded, name):
 
 def test_honest_work_full_marks_cheats_zero(graded):
     d = rows(graded["out"] / "derivation_ops.csv")
-    assert all(d[s]["total"] == d[s]["possible"] == "20" for s in ("alice", "kim", "liam", "sam", "victor"))
+    assert all(d[s]["total"] == d[s]["possible"] == FULL for s in ("alice", "kim", "liam", "sam", "victor"))
     assert all(d[s]["total"] == "0" for s in ("mallory", "nina", "oscar", "peggy", "judy"))
     i = rows(graded["out"] / "int8.csv")
     assert all(i[s]["total"] == i[s]["possible"] == "31" for s in ("alice", "kim", "liam"))   # 7 questions
     assert all(i[s]["total"] == "0" for s in ("mallory", "oscar", "peggy", "judy"))
-    assert i["wendy"]["q3_int8_linear"] == "0"          # quantised in float64, cast at the end
+    assert i["wendy"]["q3_int8_linear"] == "3"          # quantised in float64: loses "float32 first" only
 
 
 def test_nothing_outside_the_submissions_changed(graded):
@@ -118,7 +121,8 @@ def test_a_progress_line_per_notebook(graded):
 def test_feedback_says_what_was_checked(graded):
     fb = graded["out"] / "feedback"
     bob = (fb / "bob" / "derivation_ops.html").read_text()
-    assert "HiddenCheckFailed" in bob and "eps=" in bob and "differ from the reference" in bob
+    # q1 (eps outside the root) scores 0: its failed requirement in the prompt's words, and the check
+    assert "HiddenCheckFailed" in bob and "eps inside the square root" in bob and "differ from the reference" in bob
     assert "(x - 2.5)" not in bob and "BEGIN HIDDEN" not in bob          # no hidden code in feedback
     grace = (fb / "grace" / "derivation_ops.html").read_text()      # its hoard hits the memory cap,
     assert "MemoryError" in grace or "time limit" in grace           # or the time limit on a busy machine
@@ -173,7 +177,7 @@ def test_the_excel_roster_and_mac_names_give_one_row_per_student(graded):
     assert len(ids) == len({unicodedata.normalize("NFC", i) for i in ids}) == len(set(ids)), ids
     assert all(i == unicodedata.normalize("NFC", i) for i in ids)
     d = rows(graded["out"] / "derivation_ops.csv")
-    assert d[JOSE]["total"] == d[JOSE]["possible"] == "20" and d["heidi"]["status"] == "missing"
+    assert d[JOSE]["total"] == d[JOSE]["possible"] == FULL and d["heidi"]["status"] == "missing"
     assert d[TWO_FOLDERS_ID]["status"].startswith("failed: 2 submissions of one student, in the folders "
                                                   "'Zoe\\u0308', 'Zo\\xeb'"), d[TWO_FOLDERS_ID]
     err = graded["res"].stderr
@@ -201,14 +205,14 @@ def test_figures_reach_the_feedback_whole_or_are_said_dropped(graded):
     assert re.search(r"\[grader\] a figure was not kept here: its PNG is \d+ kB, over the grader's limit "
                      r"of 1536 kB per figure", finn)
     d = rows(graded["out"] / "derivation_ops.csv")
-    assert d["mia"]["total"] == d["finn"]["total"] == "20"
+    assert d["mia"]["total"] == d["finn"]["total"] == FULL
 
 
 def test_any_roster_id_grades_and_the_csv_is_inert(graded):
     """x[1] (a glob to nbgrader) and a folder named as a spreadsheet formula grade in full; the
     formula's CSV cell starts with ', and no text cell of any CSV starts like a formula."""
     d = rows(graded["out"] / "derivation_ops.csv")
-    assert d["x[1]"]["total"] == d["'" + FORMULA_ID]["total"] == "20"
+    assert d["x[1]"]["total"] == d["'" + FORMULA_ID]["total"] == FULL
     assert (graded["out"] / "feedback" / "x[1]" / "derivation_ops.html").is_file()
     assert (graded["out"] / "feedback" / FORMULA_ID / "derivation_ops.html").is_file()
     for name in NAMES:
@@ -221,7 +225,7 @@ def test_any_roster_id_grades_and_the_csv_is_inert(graded):
 def test_an_answer_in_a_time_or_capture_cell_keeps_its_marks(graded):
     """tess: q1 in a %%capture cell, q3's softmax (which q4's attention calls) in a %%time cell."""
     t = rows(graded["out"] / "derivation_ops.csv")["tess"]
-    assert (t["q3_softmax"], t["q4_attention"], t["total"]) == ("3", "4", "20"), t
+    assert (t["q3_softmax"], t["q4_attention"], t["total"]) == ("4", "4", FULL), t
 
 
 class _Active(__import__("html.parser").parser.HTMLParser):
@@ -254,5 +258,24 @@ def test_the_feedback_runs_none_of_the_students_html(graded):
     assert "XENA-ANSWER" in page and "XENA-OWN-ANSWER" in page
     assert "&lt;script&gt;document.title" in page                   # shown as what it was
     assert 'style="position: fixed' not in page and 'class="alert alert-success"' not in page
-    assert re.search(r"derivation_ops \(Score: 20\.0 / 22\.0\)", page)
-    assert rows(graded["out"] / "derivation_ops.csv")["xena"]["total"] == "20"
+    assert f"derivation_ops (Score: {AUTO:.1f} / {AUTO + MANUAL:.1f})" in page
+    assert rows(graded["out"] / "derivation_ops.csv")["xena"]["total"] == FULL
+
+
+#: issue 32: each of the five mistakes' feedback names the requirement it broke, in words
+MISTAKE_WORDS = {
+    "lena": ("NOT MET: dtype (1 point)", "dtype float64, expected float32"),
+    "axel": ("NOT MET: leading axes (1 point)", "it should sum (or reduce) over every leading axis"),
+    "noor": ("NOT MET: all −∞ slices (1 point)", "-inf - (-inf) is NaN"),
+    "ines": ("NOT MET: fully masked rows (1 point)", "a finite fill such as -1e9 does this"),
+    "hugo": ("NOT MET: dtype (1 point)", "dtype float64, expected float16"),
+}
+
+
+@pytest.mark.parametrize("student", sorted(MISTAKE_WORDS))
+def test_a_mistake_loses_its_requirement_and_is_told_in_words(graded, student):
+    text = " ".join(_text(graded["out"] / "feedback" / student / "derivation_ops.html").split())
+    for words in MISTAKE_WORDS[student]:
+        assert words in text, (student, words)
+    assert text.count("NOT MET") == 1 and "e+307" not in text, student
+    assert re.search(r"Score: \d of \d points\.", text), student

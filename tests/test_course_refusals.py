@@ -25,11 +25,15 @@ import nbformat
 import numpy as np
 import pytest
 
+from preln.grade import nbtools
+
 ROOT = Path(__file__).resolve().parents[1]
 SUBS = ROOT / "tests" / "fixtures" / "course" / "submissions"
 pytest.importorskip("nbgrader", reason="the course edition needs requirements-course.txt (make test-course)")
 
 NAME = "derivation_ops"
+#: its autograded points, as the grades CSV writes them: honest work scores all of them
+FULL = f"{nbtools.points(nbtools.read(nbtools.source_path(NAME)))[0]:g}"
 #: what a refused or bounded class may take at most, start to end, on a loaded 2-core machine
 #: (a quadratic step would take minutes: 55 s for the 12,000-line cell alone)
 RUN_LIMIT_S = 300
@@ -187,7 +191,7 @@ def test_what_is_not_a_notebook_is_refused(refused, student):
 @pytest.mark.parametrize("student", ["alice", "scan", "magics", "printer", "patient", "scipy", "lam", "masked"])
 def test_the_rest_is_graded_in_full(refused, student):
     row = refused["rows"][student]
-    assert row["status"] == "ok" and row["total"] == row["possible"] == "20", row
+    assert row["status"] == "ok" and row["total"] == row["possible"] == FULL, row
 
 
 def test_a_notebook_past_its_time_limit_costs_its_row_only(tmp_path):
@@ -205,7 +209,7 @@ def test_a_notebook_past_its_time_limit_costs_its_row_only(tmp_path):
     d, i = rows(tmp_path / "out" / f"{NAME}.csv"), rows(tmp_path / "out" / "int8.csv")
     assert d["loop"]["status"].startswith(f"failed: grading this notebook took longer than {NOTEBOOK_S} s"), d["loop"]
     assert "stopped" in d["loop"]["status"]
-    assert d["alice"]["total"] == "20" and i["alice"]["status"] == "missing"
+    assert d["alice"]["total"] == FULL and i["alice"]["status"] == "missing"
     assert i["loop"]["status"] == "ok" and i["loop"]["total"] == i["loop"]["possible"], i["loop"]
 
 
@@ -245,7 +249,7 @@ def test_feedback_shows_no_hidden_input_and_a_secret_keeps_honest_marks(tmp_path
     completed(res, tmp_path)
     got = rows(out / f"{NAME}.csv")
     for student in ("alice", "snoop"):             # honest answers: full marks under the secret
-        assert got[student]["status"] == "ok" and got[student]["total"] == got[student]["possible"] == "20", got
+        assert got[student]["status"] == "ok" and got[student]["total"] == got[student]["possible"] == FULL, got
     html = "\n".join(p.read_text(errors="replace") for p in out.rglob("*.html") if "snoop" in str(p))
     assert "NORMAL-CELL-OUT" in html                    # the feedback is there, with the cell's own output
     assert "DURING-HIDDEN-OUT" not in html
@@ -305,7 +309,7 @@ def test_the_grader_bounds_its_own_work_on_a_notebook(tmp_path):
                                             f"{cli.MAX_CONTAINERS:,} JSON lists and objects"), got["wide"]
     assert got["deep"]["status"].startswith("failed: refused: the notebook's JSON is nested"), got["deep"]
     for student in ("alice", "longmd"):
-        assert got[student]["status"] == "ok" and got[student]["total"] == "20", got[student]
+        assert got[student]["status"] == "ok" and got[student]["total"] == FULL, got[student]
     page = (out / "feedback" / "longmd" / f"{NAME}.html").read_text()
     assert "LONG-ANSWER" in page
     assert f"[... {len(BRACKETS) + 12 - feedback_html.MAX_MARKDOWN_CELL} more characters not shown in the feedback" in page
@@ -338,4 +342,4 @@ def test_the_worker_has_a_memory_cap_of_its_own(tmp_path):
     got = rows(tmp_path / "out" / f"{NAME}.csv")
     assert got["heavy"]["status"] == (f"failed: grading this notebook needed more than {TEST_WORKER_MB} MB in "
                                       "the grader's own worker (--worker-mem-mb)"), got["heavy"]
-    assert got["alice"]["status"] == "ok" and got["alice"]["total"] == "20", got["alice"]
+    assert got["alice"]["status"] == "ok" and got["alice"]["total"] == FULL, got["alice"]

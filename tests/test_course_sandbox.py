@@ -151,7 +151,8 @@ def test_no_sandbox_says_so_and_refuses_a_hostile_class(tmp_path):
     assert res.returncode in (0, 3), res.stdout[-2000:] + res.stderr[-2000:]
     with open(tmp_path / "out" / "derivation_ops.csv", newline="") as f:
         got = {r["student"]: r for r in csv.DictReader(f)}
-    assert got["alice"]["total"] == "20" and got["alice"]["status"] == "ok (not sandboxed: --no-sandbox)"
+    full = f"{nbtools.points(nbtools.read(nbtools.source_path('derivation_ops')))[0]:g}"
+    assert got["alice"]["total"] == full and got["alice"]["status"] == "ok (not sandboxed: --no-sandbox)"
     assert got["bob"]["status"] == "missing"
     # the roster makes no CSV of `missing` rows for the assignments nobody handed in
     assert sorted(p.name for p in (tmp_path / "out").glob("*.csv")) == ["derivation_ops.csv"]
@@ -171,12 +172,13 @@ def test_the_nbgrader_config_plugs_in_the_sandbox():
 
 def test_stock_nbgrader_autograde_gets_the_same_protection(tmp_path):
     """`nbgrader autograde` run in a course directory laid out like assignments/, elsewhere (the
-    configuration imports the installed preln.grade): its SandboxedExecute grades the honest notebook
-    and zeroes the cheats, exactly as make grade does."""
+    configuration imports the installed preln.grade): its SandboxedExecute grades the honest notebook,
+    zeroes the cheats and gives a one-requirement mistake its partial credit, exactly as make grade does."""
     course = tmp_path / "assignments"
     shutil.copytree(nbtools.COURSE / "source" / "derivation_ops", course / "source" / "derivation_ops")
     shutil.copy(nbtools.COURSE / "nbgrader_config.py", course / "nbgrader_config.py")
-    for student in ("alice", "oscar", "nina"):
+    students = ("alice", "oscar", "nina", "lena")
+    for student in students:
         dest = course / "submitted" / student / "derivation_ops"
         dest.mkdir(parents=True)
         shutil.copy(ROOT / "tests" / "fixtures" / "course" / "submissions" / student / "derivation_ops" /
@@ -187,8 +189,10 @@ def test_stock_nbgrader_autograde_gets_the_same_protection(tmp_path):
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     from nbgrader.api import Gradebook
     with Gradebook(f"sqlite:///{course}/gradebook.db") as gb:
-        totals = {s: gb.find_submission("derivation_ops", s).score for s in ("alice", "oscar", "nina")}
-    assert totals == {"alice": 20, "oscar": 0, "nina": 0}, totals
+        totals = {s: gb.find_submission("derivation_ops", s).score for s in students}
+    # partial credit reaches nbgrader's gradebook too: lena's q1 loses its dtype point only (issue 32)
+    full = nbtools.points(nbtools.read(nbtools.source_path("derivation_ops")))[0]
+    assert totals == {"alice": full, "oscar": 0, "nina": 0, "lena": full - 1}, totals
     text = (course / "autograded" / "oscar" / "derivation_ops" / "derivation_ops.ipynb").read_text()
     assert "not available while your notebook is graded" in text and "HiddenCheckFailed" in text
 

@@ -296,7 +296,7 @@ def test_generate_past_max_len_and_bad_arguments_fail_clearly(lm):
         lm.decode(np.zeros((1, 5), np.int64), kv)
     with pytest.raises(TypeError, match="kv: expected a preln.nn.stack.StackKVCache"):
         lm.decode(prompt, kv.layers[0])
-    with pytest.raises(ValueError, match="temperature: expected a number >= 0"):
+    with pytest.raises(ValueError, match="temperature: expected a finite number >= 0"):
         lm.generate([1], 2, temperature=-1.0)
     with pytest.raises(ValueError, match="n_new: expected an int >= 0"):
         lm.generate([1], 2.0)

@@ -7,6 +7,7 @@ book/_ext/preln_eval.py in a strict Sphinx build."""
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import os
 import subprocess
@@ -19,8 +20,18 @@ import pytest
 from preln import nb as pnb
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-import glue_to_eval  # noqa: E402
+
+
+def load_by_path(path: Path):
+    """A script or Sphinx extension of the repository (not a package on sys.path), loaded by its
+    path: sys.path and the neighbouring tests stay as they were."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+glue_to_eval = load_by_path(ROOT / "scripts" / "glue_to_eval.py")
 
 ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 # values x format specs the chapters use (grep -o '{glue[^}]*}`[^`]*`' book/*.ipynb), and a few more
@@ -269,8 +280,7 @@ def test_the_strict_build_fails_on_a_value_it_cannot_show(tmp_path, broken):
 
 
 def test_shown_text_reads_a_stored_result():
-    sys.path.insert(0, str(ROOT / "book" / "_ext"))
-    import preln_eval
+    preln_eval = load_by_path(ROOT / "book" / "_ext" / "preln_eval.py")
 
     assert preln_eval.shown_text(_ok("1e-07")) == "1e-07"
     assert preln_eval.shown_text({"status": "ok", "data": {"text/plain": "42"}}) == "42"

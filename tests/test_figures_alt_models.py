@@ -76,15 +76,17 @@ def test_bytes_against_perplexity_draws_the_points_and_names_the_best():
     points = [("float32", 538.1e6, 20.2), ("4-bit", 88.4e6, 27.8), ("3-bit", 88.4e6, 69.8)]
     fig = rmf.plot_bytes_vs_perplexity(points, 20.2)
     ax = fig.axes[0]
-    assert len(ax.lines) == len(points) + 1 and ax.get_xscale() == ax.get_yscale() == "log"
+    # a dot plot: a row per model, perplexity on a log axis, a series per method, the float32 line
+    assert [t.get_text() for t in ax.get_yticklabels()] == [f"{lab} · {b / 1e6:.0f} MB" for lab, b, _ in points]
+    assert len(ax.lines) == 1 + 1 and ax.get_xscale() == "log"
     alt, description = own_words(fig)
     assert "float32 20.2 at 538 MB" in alt and "2 models at 88 MB: 27.8 to 69.8, lowest 4-bit" in alt
     assert "6.1 times fewer bytes" in description and "3-bit: 88.4 MB, perplexity 69.8, 3.46 times" in description
 
 
 def test_bytes_against_perplexity_tells_every_model_apart():
-    """The chapter's 8 models, 7 of them in one column (they read the same bytes): marker and
-    colour apart for every pair, also under simulated colour-blindness."""
+    """The chapter's 8 models, 7 of them reading the same bytes: each on a row of its own, the
+    methods apart by marker and colour, also under simulated colour-blindness."""
     from figure_checks import assert_accessible
 
     points = [("float32", 538.1e6, 20.2), ("4-bit", 88.4e6, 27.8), ("3-bit", 88.4e6, 69.8)]
@@ -92,7 +94,9 @@ def test_bytes_against_perplexity_tells_every_model_apart():
                enumerate([("GPTQ", 256), ("GPTQ", 2048), ("AWQ", 256), ("AWQ", 1024), ("AWQ", 2048)])]
     fig = rmf.plot_bytes_vs_perplexity(points, 20.2)
     assert_accessible(fig)
-    styles = [(line.get_marker(), line.get_color()) for line in fig.axes[0].lines[:len(points)]]
-    assert len(set(m for m, _ in styles)) == len(points), styles
+    rows = sorted(y for line in fig.axes[0].lines[:-1] for y in line.get_ydata())
+    assert rows == list(range(len(points)))
+    styles = [(line.get_marker(), line.get_color()) for line in fig.axes[0].lines[:-1]]
+    assert len(set(m for m, _ in styles)) == len(styles) == 3, styles     # float, GPTQ, AWQ
     with pytest.raises(ValueError, match="points"):
         rmf.plot_bytes_vs_perplexity(points * 2, 20.2)

@@ -1,9 +1,7 @@
 """The package's architecture, checked: the import graph (lazy imports inside functions included)
 has no cycle, no module imports one above it in the layering, and no module imports another's
-private name.
-
-    foundation (preln.precision, validation, blas, resources, gradcheck, nb)
-      <- ops <- nn <- models <- quant, serve <- gguf <- chapters <- course, bench, __main__ <- grade
+private name. The layering is stated once, here (:data:`LAYERS`); README.md and preln/__init__.py
+quote :func:`layering` and a test holds them to it.
 """
 import ast
 from pathlib import Path
@@ -17,7 +15,10 @@ PKG = Path(__file__).resolve().parents[1] / "preln"
 #: real model is quantised with preln.quant's methods and kernels, preln.gguf.quant)
 LAYERS = {"foundation": 0, "ops": 1, "nn": 2, "models": 3, "quant": 4, "serve": 4, "gguf": 4.5, "parallel": 4, "chapters": 5,
           "course": 6, "grade": 7, "bench": 6, "__main__": 6, "__init__": 6}
-FOUNDATION = {"precision", "validation", "blas", "resources", "gradcheck", "nb"}
+FOUNDATION = {"precision", "validation", "blas", "resources", "gradcheck", "measure"}
+#: top-level modules whose layer is another part's: nb (glue and displays for the book) is
+#: presentation, in the chapters' layer, though it sits at the top for the notebooks' imports
+PLACED = {"nb": "chapters"}
 
 
 def module_name(path):
@@ -32,10 +33,33 @@ def part(mod):
     bits = mod.split(".")
     if len(bits) == 1:
         return "__init__"
-    return "foundation" if bits[1] in FOUNDATION else bits[1]
+    return "foundation" if bits[1] in FOUNDATION else PLACED.get(bits[1], bits[1])
 
 
 MODULES = {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+
+
+def layering():
+    """The one statement of the layering, lowest first, as README.md and preln/__init__.py quote it."""
+    levels = {}
+    for name, level in LAYERS.items():
+        levels.setdefault(level, []).append(name)
+    groups = []
+    for level in sorted(levels):
+        names = []
+        for name in levels[level]:
+            if name == "foundation":
+                name += f" ({', '.join(sorted(FOUNDATION))})"
+            placed = [m for m, p in PLACED.items() if p == name]
+            names.append(name + (f" (with {', '.join(placed)})" if placed else ""))
+        groups.append(", ".join(names))
+    return " <- ".join(groups)
+
+
+@pytest.mark.parametrize("doc", ["README.md", "preln/__init__.py"])
+def test_layering_is_stated_once(doc):
+    text = " ".join((PKG.parent / doc).read_text().split())
+    assert layering() in text, f"{doc} does not quote the layering of tests/test_layout.py: {layering()}"
 
 
 def imports(mod):
@@ -132,6 +156,7 @@ def test_no_private_cross_module_imports():
 
 
 @pytest.mark.parametrize("mod", sorted(m for m in MODULES if m.count(".") == 1 and part(m) != "foundation"
+                                       and m.split(".")[1] not in PLACED
                                        and m not in ("preln.course", "preln.bench", "preln.__main__")))
 def test_top_level_is_foundation_or_package(mod):
     """Every top-level module is a foundation module or one of the packages' entry points."""

@@ -141,6 +141,26 @@ def test_the_map_shows_every_chapter_with_a_time_and_both_paths():
         m.chapter_map_svg(ROOT, CORE + ["no_such_chapter"])
 
 
+def test_the_map_reads_on_a_phone():
+    """Drawn about a phone's column wide: its smallest text is shown at >= 11 px on a 390 px phone,
+    and every line of text fits the drawing (titles wrap rather than run into the times)."""
+    from preln.chapters.diagrams import text_width
+
+    m = chapter_map()
+    assert m.CAPTION_FONT * m.PHONE_PX / m.WIDTH >= m.MIN_SHOWN_PX
+    svg = m.chapter_map_svg(ROOT, CORE)
+    texts = re.findall(r'<text x="([\d.]+)" y="[\d.]+"([^>]*)>(.*?)</text>', svg)
+    assert len(texts) > 2 * len(CHAPTERS)
+    for x, attrs, words in texts:
+        words = re.sub(r"<[^>]+>", "", words)
+        size = float((re.search(r'font-size="([\d.]+)"', attrs) or [0, m.FONT])[1])
+        extent = (float(x) - text_width(words, size) if "text-anchor=\"end\"" in attrs
+                  else float(x) + text_width(words, size, "bold" in attrs))
+        assert 0 <= extent <= m.WIDTH, f"{words!r} runs out of the {m.WIDTH} px map"
+    intro = (ROOT / "book" / "intro.md").read_text()
+    assert f":width: {m.WIDTH}px" in intro, "the intro shows the map at its own width"
+
+
 def test_reading_time_leaves_out_deeper_cells_and_hidden_code(tmp_path):
     m = chapter_map()
     (tmp_path / "book").mkdir()

@@ -8,7 +8,8 @@ import pytest
 from preln.models import pretrained
 from preln.chapters.figures import modern_block as mb
 from preln.gradcheck import numerical_gradient, rel_error
-from preln.models.llama_lm import LlamaLM, LlamaLMConfig, held_out_loss, train_lm
+from preln.models.llama_lm import LlamaLM, LlamaLMConfig
+from preln.models.pretrained import held_out_loss, train_lm
 from preln.models.lm import LMConfig, TinyLM
 from preln.models.corpus import load_corpus
 
@@ -112,3 +113,23 @@ def test_stored_runs_are_what_the_code_computes():
     # (a cross-entropy "> 0" held for any model)
     assert np.exp(held_out_loss(lm, val_ids, 64, 4)) == pytest.approx(
         pretrained.perplexity(lm, val_ids, seq_len=64, max_windows=4), rel=SAME_F64)
+
+
+def test_generate_is_the_one_of_every_lm():
+    """LlamaLM generates with the same generate as TinyLM (preln.models.lm.Generator): with and
+    without the KV cache the same tokens, sampling deterministic given the seed, eval mode during
+    it and the mode restored, and a stop token ending a single sequence."""
+    lm = LlamaLM(TINY, seed=0)
+    prompt = np.array([[1, 2, 3], [4, 5, 6]])
+    lm.train()
+    greedy = lm.generate(prompt, 6)
+    assert lm.training, "generate left the model in eval mode"
+    assert greedy.shape == (2, 9) and np.array_equal(greedy[:, :3], prompt)
+    assert np.array_equal(greedy, lm.generate(prompt, 6, use_cache=False))
+    a = lm.generate(prompt, 6, temperature=1.0, seed=3)
+    assert np.array_equal(a, lm.generate(prompt, 6, temperature=1.0, seed=3, use_cache=False))
+    first = int(greedy[0, 3])
+    stopped = lm.generate(prompt[0], 6, stop_at=first)
+    assert stopped.tolist() == prompt[0].tolist() + [first]
+    with pytest.raises(ValueError, match="temperature"):
+        lm.generate(prompt, 2, temperature=-1.0)

@@ -416,30 +416,6 @@ def test_time_backward_returns_two_timings():
             assert t.best.shape == (2,) and t.samples.shape == (2, 2) and np.all(t.best > 0)
 
 
-def test_time_interleaved_runs_every_function_in_turn():
-    calls = []
-    timed = shapes.time_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
-                                    repeats=3, warmup=1)
-    # one warm-up each, then three rounds that each call a, then b
-    assert calls == ["a", "b"] + ["a", "b"] * 3
-    for t in timed.values():
-        assert t.samples.shape == (3,) and 0 <= t.best <= t.median and t.best == t.samples.min()
-
-
-def test_time_interleaved_compares_unequal_work():
-    x = np.random.default_rng(0).standard_normal(200_000)
-    timed = shapes.time_interleaved({"once": lambda: np.sort(x), "five": lambda: [np.sort(x) for _ in range(5)]},
-                                    repeats=3)
-    assert timed["five"].best > timed["once"].best
-
-
-def test_time_interleaved_rejects_bad_input():
-    with pytest.raises(TypeError, match="fns"):
-        shapes.time_interleaved([lambda: None])
-    with pytest.raises(ValueError, match="repeats"):
-        shapes.time_interleaved({"a": lambda: None}, repeats=0)
-
-
 def test_time_backward_times_fused_and_unfused_interleaved():
     cfg = BlockConfig(d_model=16, n_heads=2, d_ff=32)
     fwd, bwd = shapes.time_backward([(cfg, 1, 8), (cfg, 1, 8)], repeats=2, fused=[True, False])

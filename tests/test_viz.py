@@ -1,7 +1,9 @@
 """preln.chapters.viz: the style, deterministic PNGs and the kernel-free explorables."""
 import base64
+import io
 import json
 import re
+from pathlib import Path
 
 import matplotlib
 
@@ -375,3 +377,109 @@ def test_the_site_gives_a_figure_the_words_of_its_notebook_output():
     assert 'alt="A steeper curve."' in imgs[1] and "aria-describedby" not in imgs[1]
     assert imgs[2] == '<img alt="a logo" src="../_static/logo.png" />', "other images are left alone"
     assert site.apply_figure_words(page, {}) == page
+
+
+# ---- dark variants and captions (issue 33) ------------------------------------------------------
+
+#: how far (CIELAB-free: a plain sRGB channel difference) a dark figure's grey may sit from the
+#: mirrored value (palette quantisation of the PNG)
+GREY_TOLERANCE = 0.02
+
+
+def test_dark_colours_mirror_greys_and_keep_data_readable():
+    from preln.chapters import viz
+
+    bg = viz._rgb(viz.DARK_BACKGROUND)
+    assert viz.dark_colour("white")[:3] == pytest.approx(bg)          # the face: the page's
+    assert viz.dark_colour("black")[:3] == pytest.approx((viz.DARK_INK,) * 3)   # text: light
+    for colour in PALETTE:   # every data colour readable on the dark face, its hue kept
+        shown = viz.dark_colour(colour)[:3]
+        assert viz.contrast_ratio(shown, bg) >= viz.MIN_DATA_CONTRAST, colour
+    blue = viz.dark_colour(PALETTE[0])[:3]
+    assert blue[2] > blue[0] and blue[2] > blue[1], "blue stays blue"
+    # the check can fail: the light palette's black itself is invisible on the dark face
+    assert viz.contrast_ratio(PALETTE[6], bg) < viz.MIN_DATA_CONTRAST
+    assert viz.contrast_ratio(viz.dark_colour(PALETTE[0])[:3], bg) >= viz.DARK_DATA_CONTRAST
+    assert viz.dark_colour((1, 0, 0, 0.25))[3] == 0.25                 # alpha kept
+
+
+def test_the_dark_variant_is_drawn_without_changing_the_figure():
+    from matplotlib.colors import to_hex
+    from PIL import Image
+
+    from preln import nb
+    from preln.chapters import viz
+
+    fig = line_plot(1.0, 0.0)
+    fig.axes[0].set_title("a title")
+    before = [to_hex(c) for c in (fig.axes[0].lines[0].get_color(), fig.axes[0].title.get_color())]
+    light = Image.open(io.BytesIO(viz.figure_png(fig, dpi=50))).convert("RGB")
+    dark = Image.open(io.BytesIO(viz.dark_png(fig, dpi=50, tight=False))).convert("RGB")
+    after = [to_hex(c) for c in (fig.axes[0].lines[0].get_color(), fig.axes[0].title.get_color())]
+    assert before == after and light.size == dark.size
+    corner = np.asarray(dark)[1, 1] / 255
+    assert corner == pytest.approx(viz._rgb(viz.DARK_BACKGROUND), abs=GREY_TOLERANCE)
+    # the bundle's HTML copy carries it, hidden (JupyterLab shows the light image)
+    data, _ = viz.figure_bundle(nb.set_alt(fig, "A line."))
+    assert data["text/html"].count("<img") == 2 and 'class="preln-figure-dark" hidden="hidden"' in data["text/html"]
+    plt.close(fig)
+
+
+def test_the_site_shows_the_dark_variant_in_dark_mode_and_the_description_after_the_caption():
+    site = _site_extension()
+    sha = "ab" * 32
+    page = (f'<figure class="align-default" id="fig-x">\n<a class="reference internal image-reference" '
+            f'href="../_images/{sha}.png"><img alt="x" src="../_images/{sha}.png" style="width: 500px;" />\n'
+            '</a>\n<figcaption>\n<p><span class="caption-number">Fig. 1 </span>A caption.</p>\n</figcaption>\n'
+            '</figure>\n<p>text</p>')
+    words = {sha: ("An alt.", '<details class="preln-figure-description"><summary>Description of the '
+                              'figure</summary><p id="d1">Long.</p></details>')}
+    out = site.apply_figure_words(page, words)
+    # image, caption, then the long description, inside the figure
+    assert re.search(r"</figcaption><details class=\"preln-figure-description\">.*?</details>\n</figure>", out, re.S)
+    written = {}
+    out = site.apply_dark_figures(out, {sha: b"PNG"}, lambda name, png: written.setdefault(name, png))
+    assert written == {f"{sha}-dark.png": b"PNG"}
+    imgs = re.findall(r"<img [^>]*>", out)
+    assert len(imgs) == 2
+    assert 'class="only-light"' in imgs[0] and f"{sha}.png" in imgs[0] and 'loading="lazy"' in imgs[0]
+    assert 'class="only-dark"' in imgs[1] and f"{sha}-dark.png" in imgs[1] and 'loading="lazy"' in imgs[1]
+    for img in imgs:   # both named and described alike: only one is shown at a time
+        assert 'alt="An alt."' in img and 'aria-describedby="d1"' in img
+    # a figure without a dark variant is left alone
+    assert site.apply_dark_figures(page, {}, lambda *a: None) == page
+    notebook = {"cells": [{"cell_type": "code", "outputs": [{"data": {
+        "image/png": base64.b64encode(b"light").decode(),
+        "text/html": '<img alt="a"><img class="preln-figure-dark" hidden="hidden" alt="" src="data:image/png;base64,'
+                     + base64.b64encode(b"dark").decode() + '">'}}]}]}
+    import hashlib
+
+    assert site.figure_darks(notebook) == {hashlib.sha256(b"light").hexdigest(): b"dark"}
+
+
+def test_explorable_frames_in_dark_mode_keep_hue_and_contrast():
+    from preln.chapters import viz
+
+    face = viz.shown_colour("white", "frame-dark")
+    assert face == pytest.approx(viz._rgb("#121212"), abs=1 / 255)     # the page's background
+    assert viz.contrast_ratio(viz.shown_colour("black", "frame-dark"), face) > 15   # text: light
+    for colour in PALETTE:
+        assert viz.data_contrast(colour, "frame-dark") >= viz.MIN_DATA_CONTRAST, colour
+    r, g, b = viz.shown_colour(PALETTE[0], "frame-dark")
+    assert b > r and b > g, "blue stays blue"
+    css = (Path(__file__).resolve().parents[1] / "book" / "_static" / "preln.css").read_text()
+    a = viz.FRAME_DARK_FILTER["invert"]
+    assert f"filter: invert({a:g}) hue-rotate({viz.FRAME_DARK_FILTER['hue-rotate']}deg)" in css
+    with pytest.raises(ValueError, match="mode"):
+        viz.shown_colour("white", "sepia")
+
+
+def test_an_explorable_frame_links_to_its_full_size_file_on_the_site_only():
+    ex = explorable(line_plot, {"scale": [1.0, 2.0], "shift": [0.0]}, alt=alt_text)
+    html = ex._repr_html_()
+    frame = re.search(r'<a class="image-reference preln-explorable-full">(<img class="preln-explorable-frame"[^>]*>)</a>',
+                      html)
+    assert frame and "href" not in html[frame.start():frame.start() + 60]
+    # the script links a file (the site), never a data: URI (the notebook)
+    assert 'slice(0,5)!=="data:")a.href=img.getAttribute("src")' in html
+    assert 'addEventListener("beforeprint",function(){img.parentNode.removeAttribute("href");})' in html

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import yaml
 
+from preln.chapters.diagrams import text_width
+
 #: words of prose (with its formulas) a reader takes in per minute, and lines of code
 READ_WPM = 150
 CODE_LPM = 10
@@ -26,10 +28,12 @@ ROUND_MIN = 5
 HIDDEN = {"hide-input", "remove-input", "remove-cell", "hide-cell"}
 GENERATED = Path("book") / "_generated" / "chapter_map.svg"
 
-# layout, in px of the SVG (shown at most this wide, so its 15 px text stays >= 11 px down to a
-# 390 px phone's column)
-WIDTH, ROW, TOP = 520, 30, 70
-CORE_X, FULL_X, TEXT_X = 28, 52, 72
+# layout, in px of the SVG: drawn WIDTH wide, about the content column of a 390 px phone (PHONE_PX),
+# so that its smallest text (CAPTION_FONT) is shown at >= MIN_SHOWN_PX there; a title too long for
+# its line wraps onto the next (widths estimated by preln.chapters.diagrams.text_width, an upper bound)
+WIDTH, PHONE_PX, MIN_SHOWN_PX = 360, 342, 11
+FONT, CAPTION_FONT, LINE, GAP = 15, 13, 19, 9
+CORE_X, FULL_X, TEXT_X, KEY_H = 14, 34, 50, 64
 INK, MUTED, CORE_COLOUR, PAPER = "#1f2328", "#57606a", "#0072B2", "#ffffff"
 
 
@@ -80,6 +84,18 @@ def chapter_rows(root: Path, core):
             for caption, entries in toc_parts(root)]
 
 
+def wrap(words: str, width: float, size: float) -> list[str]:
+    """``words`` broken into lines of at most ``width`` px at font ``size`` (greedy, at spaces)."""
+    lines = [""]
+    for word in words.split():
+        trial = f"{lines[-1]} {word}".strip()
+        if lines[-1] and text_width(trial, size) > width:
+            lines.append(word)
+        else:
+            lines[-1] = trial
+    return lines
+
+
 def chapter_map_svg(root: Path, core) -> str:
     """The map as an SVG document."""
     rows = chapter_rows(root, core)
@@ -89,21 +105,26 @@ def chapter_map_svg(root: Path, core) -> str:
         raise ValueError(f"preln_core_path: expected chapters of _toc.yml; got {unknown}")
     core_total = sum(c["minutes"] for c in chapters if c["core"])
     full_total = sum(reading_minutes(root, c["name"], first_pass=False) for c in chapters)
-    height = TOP + ROW * (len(rows) + len(chapters)) + 20
+    minutes_w = max(text_width(f'{c["minutes"]} min', FONT) for c in chapters)
+    title_w = WIDTH - 8 - minutes_w - 12 - TEXT_X                # between the rails and the times
     out, ys = [], {}
-    y = TOP
+    y = KEY_H
     for caption, cs in rows:
-        y += ROW
-        out.append(f'<text x="{TEXT_X}" y="{y - 6}" font-weight="bold" font-size="13" letter-spacing="1" '
-                   f'fill="{CORE_COLOUR}">{escape(caption.upper())}</text>')
+        y += LINE + GAP
+        out.append(f'<text x="{TEXT_X}" y="{y}" font-weight="bold" font-size="{CAPTION_FONT}" '
+                   f'letter-spacing="1" fill="{CORE_COLOUR}">{escape(caption.upper())}</text>')
         for c in cs:
-            y += ROW
-            ys[c["name"]] = y - 13
-            weight = ' font-weight="bold"' if c["core"] else ""
+            lines = wrap(c["title"], title_w, FONT)
+            y += LINE + (GAP if c is cs[0] else 7)
+            ys[c["name"]] = y - 5                                  # the dot: by the first line
             colour = INK if c["core"] else MUTED
-            out.append(f'<text x="{TEXT_X}" y="{y - 8}"{weight} fill="{colour}">{escape(c["title"])}</text>')
-            out.append(f'<text x="{WIDTH - 10}" y="{y - 8}" text-anchor="end" fill="{colour}">'
+            weight = ' font-weight="bold"' if c["core"] else ""
+            out.append(f'<text x="{WIDTH - 8}" y="{y}" text-anchor="end" fill="{colour}">'
                        f'{c["minutes"]} min</text>')
+            for k, line in enumerate(lines):
+                out.append(f'<text x="{TEXT_X}" y="{y + k * LINE}"{weight} fill="{colour}">{escape(line)}</text>')
+            y += LINE * (len(lines) - 1)
+    height = y + 14
     first, last = ys[chapters[0]["name"]], ys[chapters[-1]["name"]]
     core_ys = [ys[c["name"]] for c in chapters if c["core"]]
     rails = [f'<line x1="{FULL_X}" y1="{first}" x2="{FULL_X}" y2="{last}" stroke="{MUTED}" '
@@ -115,12 +136,12 @@ def chapter_map_svg(root: Path, core) -> str:
         rails.append(f'<circle cx="{FULL_X}" cy="{cy}" r="5" fill="{PAPER}" stroke="{MUTED}" stroke-width="2"/>')
         if c["core"]:
             rails.append(f'<circle cx="{CORE_X}" cy="{cy}" r="7" fill="{CORE_COLOUR}"/>')
-    key = [f'<line x1="10" y1="18" x2="40" y2="18" stroke="{CORE_COLOUR}" stroke-width="5"/>',
-           f'<text x="48" y="23" fill="{INK}"><tspan font-weight="bold">Core path</tspan>, a first reading: '
+    key = [f'<line x1="6" y1="18" x2="36" y2="18" stroke="{CORE_COLOUR}" stroke-width="5"/>',
+           f'<text x="44" y="23" fill="{INK}"><tspan font-weight="bold">Core path</tspan>, first reading: '
            f'{hours(core_total)}</text>',
-           f'<line x1="10" y1="46" x2="40" y2="46" stroke="{MUTED}" stroke-width="2" stroke-dasharray="5 4"/>',
-           f'<text x="48" y="51" fill="{INK}"><tspan font-weight="bold">Full path</tspan>, every chapter '
-           f'and side road: {hours(full_total)}</text>']
+           f'<line x1="6" y1="46" x2="36" y2="46" stroke="{MUTED}" stroke-width="2" stroke-dasharray="5 4"/>',
+           f'<text x="44" y="51" fill="{INK}"><tspan font-weight="bold">Full path</tspan>, everything: '
+           f'{hours(full_total)}</text>']
     core_names = [c["title"] for c in chapters if c["core"]]
     desc = (f"The book's {len(chapters)} chapters in {len(rows)} parts: "
             + "; ".join(f"{cap}: " + ", ".join(f'{c["title"]} ({c["minutes"]} min)' for c in cs)
@@ -131,7 +152,7 @@ def chapter_map_svg(root: Path, core) -> str:
     return "\n".join([
         f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {height}" width="{WIDTH}" '
         f'height="{height}" role="img" aria-labelledby="map-t map-d" '
-        'font-family="DejaVu Sans, Helvetica, Arial, sans-serif" font-size="15">',
+        f'font-family="DejaVu Sans, Helvetica, Arial, sans-serif" font-size="{FONT}">',
         '<title id="map-t">Map of the chapters and the two reading paths</title>',
         f'<desc id="map-d">{escape(desc)}</desc>',
         f'<rect x="0" y="0" width="{WIDTH}" height="{height}" rx="10" fill="{PAPER}"/>',

@@ -35,6 +35,8 @@
   opened by a "Deeper: ..." heading) becomes one closed <details class="preln-deeper"> whose
   <summary> names it; its headings stay anchors and page-contents entries. myst-nb marks only code
   cells with their tags, so each markdown cell is marked as it is read (see the section below).
+- The header's launch, source and download menus show a word next to their icon (the theme draws
+  bare icons), the start of each one's accessible name.
 - A student notebook downloads as `<name>_assignment.ipynb`, not under the chapter's own
   `<name>.ipynb` (the chapter page's download button): saved in one folder, neither replaces the
   other. Sphinx names a download after its file, which keeps nbgrader's name
@@ -149,6 +151,11 @@ _HTML_ALT = re.compile(r'<img\b[^>]*\balt="([^"]*)"')
 _HTML_DESCRIPTION = re.compile(r'<details class="preln-figure-description">.*?</details>', re.S)
 _SITE_IMG = re.compile(r'<img\b[^>]*\bsrc="[^"]*/([0-9a-f]{64})\.png"[^>]*>')
 _IMAGE_LINK_END = re.compile(r'\s*</a>')
+# a numbered caption right after the figure's image (myst-nb's mystnb.figure): the description
+# goes after it, so a reader meets image, caption, then the long description (issue 33)
+_CAPTION_AFTER = re.compile(r'\s*<figcaption>.*?</figcaption>', re.S)
+# the dark-mode variant in a figure's HTML copy (preln.chapters.viz.figure_bundle)
+_HTML_DARK = re.compile(r'<img class="preln-figure-dark"[^>]*\bsrc="data:image/png;base64,([A-Za-z0-9+/=]+)"')
 
 
 def figure_words(notebook: dict) -> dict:
@@ -168,16 +175,23 @@ def figure_words(notebook: dict) -> dict:
     return words
 
 
-def _book_figure_words(app) -> dict:
-    """figure_words of every notebook in the book (a figure may be glued into another page)."""
-    if not hasattr(app, "_preln_figure_words"):
-        words = {}
+def _over_the_book(app, read) -> dict:
+    """``read(notebook)`` of every notebook in the book, merged (a figure may be glued into another
+    page); computed once per build."""
+    cache = app.__dict__.setdefault("_preln_book_reads", {})
+    if read not in cache:
+        merged = {}
         for docname in sorted(app.env.found_docs):
             path = Path(app.env.doc2path(docname))
             if path.suffix == ".ipynb":
-                words.update(figure_words(json.loads(path.read_text(encoding="utf-8"))))
-        app._preln_figure_words = words
-    return app._preln_figure_words
+                merged.update(read(json.loads(path.read_text(encoding="utf-8"))))
+        cache[read] = merged
+    return cache[read]
+
+
+def _book_figure_words(app) -> dict:
+    """figure_words of every notebook in the book."""
+    return _over_the_book(app, figure_words)
 
 
 def apply_figure_words(html: str, words: dict) -> str:
@@ -197,9 +211,54 @@ def apply_figure_words(html: str, words: dict) -> str:
             tag = tag.replace("<img", f'<img aria-describedby="{did}"', 1)
             link_end = _IMAGE_LINK_END.match(html, end)
             end = link_end.end() if link_end else end
+            caption = _CAPTION_AFTER.match(html, end)
+            end = caption.end() if caption else end
         out += [html[pos:m.start()], tag, html[m.end():end], description or ""]
         pos = end
     return "".join(out) + html[pos:]
+
+
+def figure_darks(notebook: dict) -> dict:
+    """{sha256 of a figure output's PNG: its dark-mode variant's PNG bytes}, for every output whose
+    HTML copy carries one (preln.chapters.viz.figure_bundle)."""
+    darks = {}
+    for cell in notebook.get("cells", []):
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            dark = _HTML_DARK.search("".join(data.get("text/html", "")))
+            if "image/png" in data and dark:
+                png = base64.b64decode("".join(data["image/png"]))
+                darks[hashlib.sha256(png).hexdigest()] = base64.b64decode(dark.group(1))
+    return darks
+
+
+def _book_figure_darks(app) -> dict:
+    """figure_darks of every notebook in the book."""
+    return _over_the_book(app, figure_darks)
+
+
+def apply_dark_figures(html: str, darks: dict, write) -> str:
+    """Each figure <img> of ``html`` with a dark variant gets it beside itself: the light image
+    takes the theme's ``only-light`` class, a copy of its tag pointing at ``<sha>-dark.png``
+    (written by ``write(name, png)``) ``only-dark`` (pydata-sphinx-theme shows one per mode, and
+    draws no filter or white mat under an ``only-dark`` image). Both load lazily, so a browser
+    fetches only the one its mode shows."""
+    def both(m):
+        sha = m.group(1)
+        if sha not in darks:
+            return m.group(0)
+        write(f"{sha}-dark.png", darks[sha])
+        light = m.group(0)
+        light = (re.sub(r'\bclass="', 'class="only-light ', light, count=1) if ' class="' in light
+                 else light.replace("<img", '<img class="only-light"', 1))
+        dark = re.sub(r'\bclass="only-light ', 'class="only-dark ', light, count=1)
+        dark = dark.replace('class="only-light"', 'class="only-dark"', 1)
+        dark = dark.replace(f"{sha}.png", f"{sha}-dark.png")
+        # both lazy: a browser fetches an image hidden by display:none unless it is lazy, so
+        # each mode loads its own figures only
+        lazy = (lambda tag: tag if 'loading="' in tag else tag.replace("<img", '<img loading="lazy"', 1))
+        return lazy(light) + lazy(dark)
+    return _SITE_IMG.sub(both, html)
 
 
 def rewrite_body(app, pagename, templatename, context, doctree):
@@ -211,6 +270,13 @@ def rewrite_body(app, pagename, templatename, context, doctree):
         body = extract_frames(body, Path(app.outdir), lambda path: pathto(path, 1))
     if "_images/" in body:
         body = apply_figure_words(body, _book_figure_words(app))
+        images = Path(app.outdir) / "_images"
+
+        def write(name, png):
+            images.mkdir(parents=True, exist_ok=True)
+            if not (images / name).exists():
+                (images / name).write_bytes(png)
+        body = apply_dark_figures(body, _book_figure_darks(app), write)
     context["body"] = fix_markup(body)
 
 
@@ -642,12 +708,43 @@ def setup_deeper(app):
                  **{fmt: (_skip, None) for fmt in other})
 
 
+# ---- the header's buttons say what they are (issue 33, navigation) -------------------------------
+# sphinx-book-theme 1.3's article header draws its launch, source and download menus as bare icons
+# (macros/buttons.html, render_button_group: an <i> and an aria-label), so Binder and Colab hide
+# behind a rocket. Each menu button gets a visible word, the start of its accessible name (WCAG
+# 2.5.3: what is shown is what is heard); the theme has no option for it.
+HEADER_LABELS = {"launch": ("Run online", "Run online: Binder or Colab"),
+                 "source": ("Source", None), "download": ("Download", None)}
+_HEADER_MENU = re.compile(r'(<div class="dropdown dropdown-(launch|source|download)-buttons">\s*'
+                          r'<button class="btn dropdown-toggle"[^>]*?aria-label=")([^"]*)(">\s*'
+                          r'<i class="[^"]*"></i>)')
+
+
+def label_header_buttons(html: str) -> str:
+    def label(m):
+        text, name = HEADER_LABELS[m.group(2)]
+        return (f'{m.group(1)}{name or m.group(3)}{m.group(4)}'
+                f'<span class="preln-header-label">{text}</span>')
+    return _HEADER_MENU.sub(label, html)
+
+
+def label_header_pages(app, exception):
+    if exception is not None or app.builder.format != "html":
+        return
+    for path in Path(app.outdir).rglob("*.html"):
+        html = path.read_text(encoding="utf-8")
+        labelled = label_header_buttons(html)
+        if labelled != html:
+            path.write_text(labelled, encoding="utf-8")
+
+
 def setup(app):
     from myst_nb.sphinx_ import HideCodeCellNode
 
     app.connect("html-page-context", rewrite_body, priority=900)
     app.connect("html-page-context", clean_scripts, priority=999)
     app.connect("build-finished", subset_icon_fonts)
+    app.connect("build-finished", label_header_pages)
     # after sphinx-external-toc's redirect (priority 500), which it writes only if there is none
     app.connect("build-finished", write_root_pages, priority=900)
     app.connect("doctree-read", rename_assignment_downloads, priority=600)   # after the collector (500)

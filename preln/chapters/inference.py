@@ -81,6 +81,7 @@ from typing import NamedTuple
 import numpy as np
 
 from preln.blas import blas_threads
+from preln.measure import best_time
 from preln.nn.config import BlockConfig
 from preln.validation import nonnegative_int, positive_int
 from preln.chapters.shapes import shape_flow
@@ -135,16 +136,6 @@ PUBLISHED = {
 }
 
 
-def _best_time(fn, repeats, clock=time.process_time):
-    fn()                                     # warm-up: page faults, BLAS buffers
-    best = math.inf
-    for _ in range(repeats):
-        t0 = clock()
-        fn()
-        best = min(best, clock() - t0)
-    return best
-
-
 def measure_gemm(n=2048, repeats=3, threads=1, dtype=np.float32, seed=0):
     """Best FLOP/s of an (n, n) @ (n, n) product in numpy's BLAS: 2 n^3 / best CPU time.
 
@@ -156,7 +147,7 @@ def measure_gemm(n=2048, repeats=3, threads=1, dtype=np.float32, seed=0):
     b = rng.standard_normal((n, n)).astype(dtype)
     out = np.empty((n, n), dtype)
     with blas_threads(threads):
-        t = _best_time(lambda: np.matmul(a, b, out=out), repeats)
+        t = best_time(lambda: np.matmul(a, b, out=out), repeats)
     return 2 * n**3 / t
 
 
@@ -178,9 +169,9 @@ def measure_bandwidth(nbytes=128 * 2**20, repeats=5, dtype=np.float32):
         np.multiply(c, s, out=a)
         np.add(a, b, out=a)
 
-    return {"copy": 2 * size / _best_time(lambda: np.copyto(b, a), repeats),
-            "add": 3 * size / _best_time(lambda: np.add(a, b, out=c), repeats),
-            "triad": 5 * size / _best_time(triad, repeats)}
+    return {"copy": 2 * size / best_time(lambda: np.copyto(b, a), repeats),
+            "add": 3 * size / best_time(lambda: np.add(a, b, out=c), repeats),
+            "triad": 5 * size / best_time(triad, repeats)}
 
 
 def measure_roofline(n=2048, nbytes=128 * 2**20, repeats=3, threads=1):

@@ -29,13 +29,13 @@ import copy
 import re
 import subprocess
 import sys
-import tracemalloc
 from typing import NamedTuple
 
 import numpy as np
 
 from preln.blas import blas_threads
 from preln.chapters.inference import PUBLISHED, PUBLISHED_MODELS, ModelShape
+from preln.measure import peak_bytes
 from preln.models.optim import Adam
 from preln.parallel.comm import ring_bytes, run_simulated
 from preln.validation import positive_int
@@ -318,24 +318,14 @@ def peak_train_step_bytes(model, x, dy, threads=1):
         model(x)
         model.backward(dy)
 
+    def drop_caches():                  # the last step's activations are not this step's
+        for layer in getattr(model, "layers", [model]):
+            layer._cache = None
+        if hasattr(model, "_inputs"):
+            model._inputs = None
+
     with blas_threads(threads):
-        step()
-        was = tracemalloc.is_tracing()
-        if not was:
-            tracemalloc.start()
-        try:
-            for layer in getattr(model, "layers", [model]):
-                layer._cache = None      # the warm-up's activations are not this step's
-            if hasattr(model, "_inputs"):
-                model._inputs = None
-            tracemalloc.reset_peak()
-            base, _ = tracemalloc.get_traced_memory()
-            step()
-            _, peak = tracemalloc.get_traced_memory()
-        finally:
-            if not was:
-                tracemalloc.stop()
-    return int(peak - base)
+        return peak_bytes(step, setup=drop_caches, warmup=1)
 
 
 # ---- the check of preln.parallel, on gloo or simulated ---------------------------------------------

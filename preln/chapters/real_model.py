@@ -21,6 +21,8 @@ import time
 
 import numpy as np
 
+from preln.models import pretrained
+
 __all__ = ["gguf_header", "tensor_bytes", "q4_1_by_hand", "q8_0_by_hand", "q4_1_codes", "rope_interleaved",
            "rope_rotate_half", "rtn_minmax", "greedy", "english_text", "perplexity",
            "time_prefill_decode", "kv_bytes_per_position", "licence_split", "calibrated_settings", "calibrated_run",
@@ -240,15 +242,12 @@ def english_text():
 
 
 def perplexity(lm, ids):
-    """exp of the mean NLL of ids[1:] given the prefixes (one forward), in float64 from the logits."""
+    """exp of the mean NLL of ids[1:] given the prefixes: the book's perplexity
+    (:func:`preln.models.pretrained.perplexity`) over one window, the whole of ``ids``."""
     ids = np.asarray(ids)
     if ids.ndim != 1 or ids.size < 2:
         raise ValueError(f"ids: expected a 1-D array of at least 2 token ids; got shape {ids.shape}")
-    z = np.asarray(lm(ids[None])[0, :-1], np.float64)                    # (S-1, V)
-    zmax = z.max(axis=1, keepdims=True)
-    lse = np.log(np.exp(z - zmax).sum(axis=1)) + zmax[:, 0]
-    nll = lse - z[np.arange(z.shape[0]), ids[1:]]
-    return float(np.exp(nll.mean()))
+    return pretrained.perplexity(lm, ids, seq_len=ids.size - 1, max_windows=1)
 
 
 def time_prefill_decode(models, prompt, n_new, rounds=3):

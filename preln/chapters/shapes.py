@@ -105,20 +105,19 @@ Attention paths
     (B, H, Q_TILE, K_TILE) tiles and keeps only q, k, v: its row ``attn.tiled`` stands for scores,
     softmax and weighted sum together.
 
-The module also holds the measurements the chapters make: :func:`time_interleaved` (the best CPU
-time of interleaved repeats of any callables, the way to compare two timings on a busy machine),
-:func:`time_forward` and :func:`time_backward` (the same for blocks), :func:`peak_forward_bytes`
-(tracemalloc peak), and :func:`fit_exponent`, the log-log least-squares fit of ``y = c x^k``.
+The module also holds the measurements the chapters make of blocks, on
+:mod:`preln.measure`'s protocol (the best CPU time of interleaved repeats; tracemalloc's peak):
+:func:`time_forward` and :func:`time_backward`, :func:`peak_forward_bytes`, and :func:`fit_exponent`, the log-log least-squares fit of ``y = c x^k``.
 """
 from __future__ import annotations
 
 import time
-import tracemalloc
 from typing import NamedTuple
 
 import numpy as np
 
 from preln.blas import blas_threads
+from preln.measure import Timing, peak_bytes, time_interleaved
 from preln.nn.block import TransformerBlock
 from preln.nn.config import BlockConfig
 from preln.ops.attention import K_TILE, Q_TILE
@@ -127,7 +126,7 @@ from preln.validation import positive_int
 
 __all__ = ["OpRow", "ShapeFlow", "shape_flow", "observed_shapes", "closed_form_flops",
            "closed_form_backward_flops", "kept_bytes_per_token", "time_backward",
-           "fit_exponent", "PowerLaw", "time_forward", "time_interleaved", "Timing", "blas_threads",
+           "fit_exponent", "PowerLaw", "time_forward", "blas_threads",
            "peak_forward_bytes", "ACTIVATION_FLOPS", "format_bytes", "format_count"]
 
 #: elementwise FLOPs per element of each activation (the conventions above)
@@ -492,51 +491,6 @@ def _block_and_input(config, B, S, dtype, training, attention, seed, fused=True)
     return block, x
 
 
-class Timing(NamedTuple):
-    """Seconds. For several cases (time_forward, time_backward): best and median (len(cases),),
-    samples (repeats, len(cases)); for one callable of time_interleaved: floats and (repeats,)."""
-
-    best: np.ndarray      # the fastest run of each case
-    median: np.ndarray
-    samples: np.ndarray   # in the order they ran
-
-
-def time_interleaved(fns, repeats=5, warmup=1, threads=1, clock=time.process_time):
-    """Time every callable of ``fns`` (a dict ``name -> fn()``); returns ``{name: Timing}``.
-
-    The way to compare timings on a busy machine, where a single-shot comparison flips:
-
-    - interleaved: each of the ``repeats`` rounds calls every function once, in turn, so a slow
-      spell (another program on the core, a frequency drop) slows both sides of a comparison;
-    - the clock is the process's CPU time (``time.process_time``), which does not count the time
-      other programs hold the core; pass ``clock=time.perf_counter`` for wall time;
-    - BLAS runs ``threads`` threads (:func:`blas_threads`): a multi-threaded BLAS on a busy machine
-      spends its time waiting for the core another program holds;
-    - ``warmup`` untimed calls of each function first (page faults, caches, lazy imports);
-    - the best of the repeats is the estimate (interference only ever adds time); the median and
-      every sample (in the order they ran) are there too.
-
-    A chapter that asserts a ratio of two such timings states the margin it allows.
-    """
-    if not isinstance(fns, dict) or not fns or not all(callable(f) for f in fns.values()):
-        raise TypeError(f"fns: expected a non-empty dict of name -> callable; got {fns!r}")
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"repeats, warmup: expected repeats >= 1 and warmup >= 0; "
-                         f"got {repeats} and {warmup}")
-    samples = np.zeros((repeats, len(fns)))
-    with blas_threads(threads):
-        for fn in fns.values():
-            for _ in range(warmup):
-                fn()
-        for r in range(repeats):
-            for i, fn in enumerate(fns.values()):
-                t0 = clock()
-                fn()
-                samples[r, i] = clock() - t0
-    return {name: Timing(float(samples[:, i].min()), float(np.median(samples[:, i])), samples[:, i])
-            for i, name in enumerate(fns)}
-
-
 def time_forward(cases, dtype=np.float32, training=True, attention="auto", repeats=5, warmup=1,
                  threads=1, clock=time.process_time, seed=0):
     """Time ``block(x)`` for each case ``(config, B, S)``; returns a :class:`Timing`.
@@ -606,20 +560,7 @@ def peak_forward_bytes(config, B, S, dtype=np.float32, training=True, attention=
     """
     block, x = _block_and_input(config, B, S, dtype, training, attention, seed)
     with blas_threads(threads):
-        block(x)          # warm-up: one-off allocations (module-level buffers, lazy caches) happen here
-    was_tracing = tracemalloc.is_tracing()
-    if not was_tracing:
-        tracemalloc.start()
-    try:
-        with blas_threads(threads):
-            tracemalloc.reset_peak()
-            base, _ = tracemalloc.get_traced_memory()
-            block(x)
-            _, peak = tracemalloc.get_traced_memory()
-    finally:
-        if not was_tracing:
-            tracemalloc.stop()
-    return int(peak - base)
+        return peak_bytes(lambda: block(x), warmup=1)   # one-off allocations in the warm-up
 
 
 # ---- formatting ------------------------------------------------------------------------------

@@ -25,6 +25,15 @@ the notebook works anywhere; the book's build (book/_ext/preln_site.py) moves th
 to the page, which the page fetches only when a reader moves a control. A ``<style>``
 block and a few dozen lines of inline JavaScript, with no dependencies, make it work in JupyterLab
 and on the site alike.
+
+The figure standard (issue 33; tests/test_figure_standard.py checks it on every figure it can
+draw cheaply): figures are drawn at the content column's width (COLUMN_IN) so their text stays at
+least MIN_TEXT_PX as shown; a dtype, quantisation method or model has one colour in every chapter
+(``series_colour("GPTQ")``, SERIES_COLOURS); up to four series are named where they end
+(``direct_labels``), more in a legend beside the data (``legend_outside``, ``figure_legend``);
+log axes get enough labelled ticks (``log_ticks``); numbers in labels are typeset
+(``tex_number``). Every static figure is also drawn for dark mode (``dark_png``), which the site
+shows in place of the light one; explorable frames are shown through FRAME_DARK_FILTER.
 """
 from __future__ import annotations
 
@@ -43,9 +52,13 @@ from typing import Any
 from preln.nb import (ALT_MAX, FIGURE_DPI, image_bundle, palette_png, png_size, register_figure_display,
                       short_alt)
 
-__all__ = ["PALETTE", "OKABE_ITO", "apply_style", "control", "explorable", "figure_png", "Control",
-           "Explorable", "MAX_FRAMES", "FRAME_COLORS", "contrast_ratio", "data_contrast", "shown_colour",
-           "relative_luminance", "MIN_DATA_CONTRAST", "table_caption"]
+__all__ = ["PALETTE", "OKABE_ITO", "COLUMN_PX", "MIN_TEXT_PX", "SERIES_COLOURS", "DTYPE_COLOURS",
+           "METHOD_COLOURS", "MODEL_COLOURS", "series_colour", "series_name", "direct_labels",
+           "legend_outside", "figure_legend", "log_ticks", "tex_number", "dark_png", "dark_colour",
+           "figure_bundle", "DARK_BACKGROUND", "FRAME_DARK_FILTER", "apply_style", "control",
+           "explorable", "figure_png", "Control", "Explorable", "MAX_FRAMES", "FRAME_COLORS",
+           "contrast_ratio", "data_contrast", "shown_colour", "relative_luminance",
+           "MIN_DATA_CONTRAST", "table_caption"]
 
 # Okabe-Ito (Okabe & Ito 2008), ordered for a prop_cycle, with its light hues darkened so that every
 # data colour is at least 3:1 (WCAG 1.4.11, non-text contrast) against the figures' white face:
@@ -92,14 +105,27 @@ def contrast_ratio(a, b) -> float:
     return (hi + 0.05) / (lo + 0.05)
 
 
+#: the site's dark mode shows an explorable's frames through this CSS filter (book/_static/
+#: preln.css): ``invert(0.93) hue-rotate(180deg)``, white to the page's #121212, hues kept
+FRAME_DARK_FILTER = {"invert": 0.93, "hue-rotate": 180}
+# CSS hue-rotate(180deg) as the Filter Effects spec's matrix on sRGB values (cos -1, sin 0)
+_HUE_ROTATE_180 = ((-0.574, 1.430, 0.144), (0.426, 0.430, 0.144), (0.426, 1.430, -0.856))
+
+
 def shown_colour(colour, mode: str = "light") -> tuple[float, float, float]:
     """How a figure's colour reaches the reader's eye on the site: as drawn in light mode, through
-    the theme's DARK_IMAGE_FILTER in dark mode (CSS brightness then contrast, on sRGB values)."""
-    if mode not in ("light", "dark"):
-        raise ValueError(f"shown_colour: mode must be 'light' or 'dark', got {mode!r}")
+    the theme's DARK_IMAGE_FILTER in dark mode (CSS brightness then contrast, on sRGB values; an
+    image without a dark variant), through FRAME_DARK_FILTER for an explorable's frame in dark
+    mode ("frame-dark"). Static figures have a dark variant of their own (dark_png)."""
+    if mode not in ("light", "dark", "frame-dark"):
+        raise ValueError(f"shown_colour: mode must be 'light', 'dark' or 'frame-dark', got {mode!r}")
     rgb = _rgb(colour)
     if mode == "light":
         return rgb
+    if mode == "frame-dark":
+        a = FRAME_DARK_FILTER["invert"]
+        inv = [a * (1 - c) + (1 - a) * c for c in rgb]
+        return tuple(min(1.0, max(0.0, sum(m * c for m, c in zip(row, inv)))) for row in _HUE_ROTATE_180)
     b, k = DARK_IMAGE_FILTER["brightness"], DARK_IMAGE_FILTER["contrast"]
     return tuple(min(1.0, max(0.0, (b * c - 0.5) * k + 0.5)) for c in rgb)
 
@@ -118,6 +144,172 @@ FRAME_DPI = 2 * FRAME_CSS_DPI
 FRAME_COLORS = 256
 MAX_FRAMES = 64         # the product of the control lengths; more frames make pages heavy
 MAX_CONTROLS = 3
+
+# ---- the book's figure standard (issue 33) --------------------------------------------------------
+# Figures are designed at the width of the site's content column, so that text keeps the size it
+# was drawn at: 688 CSS px at a 1280 px window (sphinx-book-theme 1.3's .cell_output, measured in
+# Chromium), at 100 CSS px per inch for static figures (preln.nb: FIGURE_DPI / FIGURE_SCALE) and
+# FRAME_CSS_DPI for explorable frames. A wider figure is scaled down to the column, its text with it.
+COLUMN_PX = 688
+#: CSS px per inch of a static figure (a 6.88 in figure fills the column)
+CSS_PX_PER_INCH = 100
+COLUMN_IN = COLUMN_PX / CSS_PX_PER_INCH
+#: no text of a figure smaller than this, in CSS px as displayed at 1280 px
+MIN_TEXT_PX = 11.0
+#: one series per colour, the same in every chapter: a dtype, a quantisation method or a model is
+#: drawn in its colour wherever it appears (tests/test_figure_standard.py checks the labels)
+DTYPE_COLOURS: dict[str, str] = {
+    "float64": PALETTE[6], "float32": PALETTE[0], "float16": PALETTE[1], "bfloat16": PALETTE[2],
+    "fp8": PALETTE[5], "int8": PALETTE[3], "int4": PALETTE[4],
+}
+METHOD_COLOURS: dict[str, str] = {
+    "float": PALETTE[6], "RTN": PALETTE[0], "GPTQ": PALETTE[1], "AWQ": PALETTE[2],
+    "LLM.int8": PALETTE[5], "SmoothQuant": PALETTE[3],
+}
+MODEL_COLOURS: dict[str, str] = {
+    "Pre-LN": PALETTE[0], "Post-LN": PALETTE[1],
+    "GPT-style": PALETTE[1], "Llama-style": PALETTE[0], "Llama-style, MQA": PALETTE[2],
+    "GPT-2 XL": PALETTE[0], "Llama 2 7B": PALETTE[1], "Llama 2 70B": PALETTE[2],
+}
+#: every named colour of the book, by the name a label carries
+SERIES_COLOURS: dict[str, str] = {**DTYPE_COLOURS, **METHOD_COLOURS, **MODEL_COLOURS}
+# how a name appears in labels: "round to nearest" is RTN, "bf16" bfloat16, ...
+_ALIASES = {"round to nearest": "RTN", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32",
+            "fp64": "float64"}
+
+
+def series_name(label: str) -> str | None:
+    """The SERIES_COLOURS name a label speaks of ("GPTQ, g128" -> "GPTQ"), or None: a method
+    before a model before a dtype, and the longest name found as a whole word."""
+    text = str(label)
+    for alias, name in _ALIASES.items():
+        text = re.sub(rf"(?<![\w-]){re.escape(alias)}(?![\w-])", name, text, flags=re.I)
+    for names in (METHOD_COLOURS, MODEL_COLOURS, DTYPE_COLOURS):   # "RTN, 4-bit" is a method
+        found = [n for n in names if re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])", text)]
+        if found:
+            return max(found, key=len)
+    return None
+
+
+def series_colour(name: str) -> str:
+    """The colour of a dtype, method or model (see SERIES_COLOURS); an unknown name is an error."""
+    key = name if name in SERIES_COLOURS else series_name(name)
+    if key is None:
+        raise ValueError(f"series_colour: name must be one of {sorted(SERIES_COLOURS)} (or a label "
+                         f"naming one), got {name!r}")
+    return SERIES_COLOURS[key]
+
+
+def direct_labels(ax, lines=None, *, x=None, pad_pt: float = 4.0, gap_pt: float = 11.0,
+                  max_series: int = 4):
+    """Label each line at its right end in its own colour, in place of a legend (for up to four
+    series): the labels are the lines' own ``label``s, moved apart vertically (at least ``gap_pt``)
+    so that none overlaps another. ``x`` (data units) places them at the lines' point nearest to
+    it instead of their last point. A horizontal line (``axhline``) is labelled at the axes'
+    right edge. More than ``max_series`` lines want a legend (legend_outside) instead."""
+    import numpy as np
+
+    lines = [ln for ln in (lines if lines is not None else ax.get_lines())
+             if not ln.get_label().startswith("_") and len(ln.get_xdata())]
+    if len(lines) > max_series:
+        raise ValueError(f"direct_labels: lines must be at most {max_series} series (use a legend "
+                         f"outside the axes for more), got {len(lines)}")
+    ax.figure.draw_without_rendering()   # the final layout, so display positions hold
+    to_pt = 72 / ax.figure.dpi
+    ends = []
+    for ln in lines:
+        xs, ys = np.asarray(ln.get_xdata(), float), np.asarray(ln.get_ydata(), float)
+        ok = np.isfinite(xs) & np.isfinite(ys)
+        xs, ys = xs[ok], ys[ok]
+        i = len(xs) - 1 if x is None else int(np.argmin(np.abs(xs - x)))
+        # an axhline's x is in axes units: its own transform places it
+        ends.append(((xs[i], ys[i]), ln.get_transform().transform((xs[i], ys[i]))[1] * to_pt, ln))
+    ends.sort(key=lambda e: e[1])
+    placed: list[float] = []
+    for xy, y_pt, ln in ends:   # bottom to top, each at least gap_pt above the one below
+        at = max(y_pt, placed[-1] + gap_pt) if placed else y_pt
+        placed.append(at)
+        ax.annotate(ln.get_label(), xy=xy, xycoords=ln.get_transform(), xytext=(pad_pt, at - y_pt),
+                    textcoords="offset points",
+                    va="center", ha="left", color=ln.get_color(),
+                    fontsize=_STYLE["legend.fontsize"], annotation_clip=False)
+    return ax
+
+
+def legend_outside(ax, *, where: str = "below", ncol: int | None = None, **kwargs):
+    """A legend beside the data, never over it: under the axes (``where="below"``, in up to
+    ``ncol`` columns) or to their right (``"right"``)."""
+    handles, labels = ax.get_legend_handles_labels()
+    if where == "below":
+        ncol = ncol or min(len(labels), 2)
+        return ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.18),
+                         ncol=ncol, **kwargs)
+    if where == "right":
+        return ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1), **kwargs)
+    raise ValueError(f"legend_outside: where must be 'below' or 'right', got {where!r}")
+
+
+def figure_legend(fig, axes, *, ncol: int = 2):
+    """One legend for several stacked axes, under them all (a legend under the top axes would sit
+    on the next one's data)."""
+    handles, labels = [], []
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    return fig.legend(handles, labels, loc="outside lower center", ncol=ncol)
+
+
+def log_ticks(ax, which: str = "y"):
+    """Enough labelled ticks on a log axis to read a value: 1 to 9 per decade where it spans about
+    one decade, 1, 2, 5 where it spans at most two, every decade otherwise; numbers as plain
+    numbers (0.02, 50, 2000) up to 10^4 each way and as mathtext powers of ten beyond."""
+    import math
+
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    if which not in ("x", "y"):
+        raise ValueError(f"log_ticks: which must be 'x' or 'y', got {which!r}")
+    axis = ax.yaxis if which == "y" else ax.xaxis
+    lo, hi = sorted(ax.get_ylim() if which == "y" else ax.get_xlim())
+    decades = math.log10(hi / lo) if lo > 0 else math.inf
+    subs = (tuple(float(k) for k in range(1, 10)) if decades <= 1.2 else
+            (1.0, 2.0, 5.0) if decades <= 2.2 else (1.0,))
+    axis.set_major_locator(LogLocator(base=10, subs=subs))
+    axis.set_major_formatter(FuncFormatter(_log_number))
+    axis.set_minor_formatter(NullFormatter())
+    return ax
+
+
+def tex_number(v: float, digits: int = 3) -> str:
+    """A number for a figure's label, typeset: ``1e-05`` as $10^{-5}$, ``4.73e-04`` as
+    $4.73\times10^{-4}$ (``digits`` significant), plain with the Unicode minus from 0.001 to
+    10^4 (``-0.5`` as −0.5)."""
+    import math
+
+    if v == 0 or not math.isfinite(v):
+        return f"{v:g}"
+    e = math.floor(math.log10(abs(v)) + 1e-12)
+    if -3 <= e <= 4:
+        return f"{v:.{max(digits, e + 1)}g}".replace("-", "\u2212")
+    m = float(f"{v / 10 ** e:.{digits}g}")
+    if abs(abs(m) - 1) < 1e-12:
+        return f"${'-' if m < 0 else ''}10^{{{e}}}$"
+    return f"${m:g}\\times10^{{{e}}}$"
+
+
+def _log_number(v, _pos=None) -> str:
+    """A tick value of a log axis: plain from 10^-4 to 10^4, a mathtext power of ten beyond."""
+    import math
+
+    if v <= 0:
+        return ""
+    e = math.floor(math.log10(v) + 1e-9)
+    if -4 <= e <= 4:
+        return f"{v:g}".replace("-", "\u2212")
+    m = v / 10 ** e
+    return (f"$10^{{{e}}}$" if abs(m - 1) < 1e-6 else f"${m:g}\\times10^{{{e}}}$")
 
 _STYLE: dict[str, Any] = {
     "figure.figsize": (5.5, 3.4),
@@ -149,8 +341,139 @@ def apply_style() -> None:
 
     mpl.rcParams.update(_STYLE)
     mpl.rcParams["axes.prop_cycle"] = cycler(color=PALETTE)
-    # every figure a notebook shows carries its alt text in a text/html <img> (JupyterLab's choice)
-    register_figure_display()
+    # every figure a notebook shows carries its alt text in a text/html <img> (JupyterLab's choice),
+    # and its dark variant beside it
+    if register_figure_display():
+        from IPython import get_ipython
+        from matplotlib.figure import Figure
+
+        get_ipython().display_formatter.mimebundle_formatter.for_type(Figure, figure_bundle)
+
+
+# ---- dark mode (issue 33) ---------------------------------------------------------------------
+# Every static figure is also drawn for the site's dark mode, from the same Figure: its greys
+# (text, axes, grid, white faces) mirrored onto the theme's dark background, its data colours kept
+# where they stand out from that background by MIN_DATA_CONTRAST and lightened (same hue) until
+# they do otherwise; colour-mapped images are left as drawn (cividis reads on both). The site
+# shows it instead of the light PNG in dark mode (book/_ext/preln_site.py, the theme's only-dark
+# and only-light classes), with no filter and no white mat; print and the PDF show the light one.
+#: the page background in dark mode (pydata-sphinx-theme 0.17.1, --pst-color-background, measured
+#: in Chromium): the dark figures' face
+DARK_BACKGROUND = "#121212"
+#: the lightest grey of a dark figure (its text and axes): black text's place
+DARK_INK = 0.88
+#: a grey is a colour with at most this spread between its RGB channels
+_GREY_SPREAD = 0.06
+#: a dark data colour is lightened to at least this contrast with DARK_BACKGROUND
+DARK_DATA_CONTRAST = 4.0
+
+
+def dark_colour(colour):
+    """A figure's colour as its dark-mode variant draws it (RGBA, alpha kept)."""
+    import colorsys
+
+    from matplotlib.colors import to_rgba
+
+    r, g, b, a = to_rgba(colour)
+    bg = _rgb(DARK_BACKGROUND)
+    if max(r, g, b) - min(r, g, b) <= _GREY_SPREAD:       # a grey: mirrored, white -> background
+        v = 1.0 - (r + g + b) / 3
+        return tuple(c + (DARK_INK - c) * v for c in bg) + (a,)
+    h, light, sat = colorsys.rgb_to_hls(r, g, b)
+    rgb = (r, g, b)
+    while contrast_ratio(rgb, bg) < DARK_DATA_CONTRAST and light < 0.95:
+        light = min(0.95, light + 0.02)
+        rgb = colorsys.hls_to_rgb(h, light, sat)
+    return tuple(rgb) + (a,)
+
+
+def _recolour(fig):
+    """Recolour every artist of ``fig`` with dark_colour; returns the undo (a list of calls)."""
+    from matplotlib.collections import Collection
+    from matplotlib.image import AxesImage
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    from matplotlib.text import Text
+
+    undo = []
+
+    def swap(get, put):
+        from matplotlib.colors import is_color_like
+
+        old = get()
+        if old is None or (isinstance(old, str) and (old == "none" or not is_color_like(old))):
+            return                       # "face", "edge", "auto": follows another colour
+        try:
+            new = dark_colour(old)
+        except ValueError:               # an array of colours
+            import numpy as np
+
+            arr = np.asarray(old, float)
+            if arr.ndim != 2 or not len(arr):
+                return
+            new = np.array([dark_colour(c) for c in arr])
+        put(new)
+        undo.append(lambda: put(old))
+
+    for art in fig.findobj():
+        if isinstance(art, AxesImage):
+            continue
+        if isinstance(art, Text):
+            swap(art.get_color, art.set_color)
+            box = art.get_bbox_patch()
+            if box is not None:
+                swap(box.get_facecolor, box.set_facecolor)
+                swap(box.get_edgecolor, box.set_edgecolor)
+        elif isinstance(art, Line2D):
+            # the marker colours follow the line's ("auto"): read all three before setting any,
+            # or a marker would be recoloured twice (back to dark)
+            c, mfc, mec = art.get_color(), art.get_markerfacecolor(), art.get_markeredgecolor()
+            swap(lambda: c, art.set_color)
+            swap(lambda: mfc, art.set_markerfacecolor)
+            swap(lambda: mec, art.set_markeredgecolor)
+        elif isinstance(art, Patch):
+            swap(art.get_facecolor, art.set_facecolor)
+            swap(art.get_edgecolor, art.set_edgecolor)
+            if getattr(art, "_hatch_color", None) is not None:    # no public setter
+                swap(lambda art=art: art._hatch_color,
+                     lambda c, art=art: setattr(art, "_hatch_color", c))
+        elif isinstance(art, Collection) and art.get_array() is None:   # not colour-mapped
+            swap(art.get_facecolor, art.set_facecolor)
+            swap(art.get_edgecolor, art.set_edgecolor)
+    return undo
+
+
+def dark_png(fig, *, dpi: float | None = None, colors: int | None = None, tight: bool = True) -> bytes:
+    """``fig`` drawn for dark mode (see dark_colour) as PNG bytes, on DARK_BACKGROUND; ``fig`` is
+    left as it was. ``tight`` crops it as preln.nb.figure_bundle crops the light one."""
+    from preln.nb import FIGURE_DPI
+
+    undo = _recolour(fig)
+    try:
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=dpi or FIGURE_DPI, facecolor=DARK_BACKGROUND,
+                    bbox_inches="tight" if tight else None, metadata={"Software": None})
+    finally:
+        for call in reversed(undo):
+            call()
+    return buf.getvalue() if colors is None else palette_png(buf.getvalue(), int(colors))
+
+
+#: the class of the dark variant's <img> in a figure's HTML copy (the site moves it into a file)
+DARK_IMG_CLASS = "preln-figure-dark"
+
+
+def figure_bundle(fig, include=None, exclude=None):
+    """preln.nb.figure_bundle's 2x PNG and HTML copy, with the dark variant added to the HTML copy
+    as a hidden <img> (JupyterLab shows the light one; the site shows each in its mode)."""
+    from preln.nb import FIGURE_COLORS
+    from preln.nb import figure_bundle as light_bundle
+
+    data, metadata = light_bundle(fig, include, exclude)
+    dark = base64.b64encode(dark_png(fig, colors=FIGURE_COLORS)).decode()
+    data["text/html"] += (f'<img class="{DARK_IMG_CLASS}" hidden="hidden" alt="" '
+                          f'src="data:image/png;base64,{dark}">')
+    return data, metadata
 
 
 def figure_png(fig, *, dpi: float | None = None, colors: int | None = None) -> bytes:
@@ -455,8 +778,11 @@ class Explorable:
         # description in a <details> the image names with aria-describedby (updated with the frame)
         long = any(len(a) > ALT_MAX for a in self.alts.values())
         described = f' aria-describedby="{uid}-description"' if long else ""
-        parts.append(f'<img class="preln-explorable-frame" id="{frame_id}" src="{_data_uri(self.frames[i0])}" '
-                     f'alt="{e(short_alt(self.alts[i0]))}"{described} width="{width}" height="{height}">')
+        # the frame links to its full-size file (a phone zooms into it); the script gives the link
+        # its href on the site only (a data: URI cannot be opened as a page), and not on paper
+        parts.append(f'<a class="image-reference preln-explorable-full">'
+                     f'<img class="preln-explorable-frame" id="{frame_id}" src="{_data_uri(self.frames[i0])}" '
+                     f'alt="{e(short_alt(self.alts[i0]))}"{described} width="{width}" height="{height}"></a>')
         if long:
             parts.append('<details class="preln-explorable-description"><summary>Description of the figure'
                          f'</summary><p id="{uid}-description">{e(self.alts[i0])}</p></details>')
@@ -552,6 +878,9 @@ var d=JSON.parse(r.querySelector("script.preln-explorable-data").textContent);
 var img=r.querySelector(".preln-explorable-frame"),live=r.querySelector(".preln-explorable-status"),
 set=r.querySelector(".preln-explorable-settings"),desc=document.getElementById("__ID__-description"),cs=r.querySelectorAll("[data-preln-control]"),
 idx=[],timer=null,fetched=false,moved=-1;
+function full(){var a=img.parentNode;if(a.tagName==="A"&&img.getAttribute("src").slice(0,5)!=="data:")a.href=img.getAttribute("src");}
+full();window.addEventListener("beforeprint",function(){img.parentNode.removeAttribute("href");});
+window.addEventListener("afterprint",full);
 function prefetch(){if(fetched)return;fetched=true;for(var k in d.frames){var s=d.frames[k][0];
 if(s.slice(0,5)!=="data:")(new Image()).src=s;}}
 function show(){var f=d.frames[idx.join(",")];if(!f)return;
@@ -560,7 +889,7 @@ document.getElementById(c.id+"-value").textContent=lab;
 if(c.getAttribute("role")==="slider"){c.setAttribute("data-index",j);c.setAttribute("aria-valuenow",d.values[i][j]);
 c.setAttribute("aria-valuetext",lab);c.style.setProperty("--preln-pos",j/(d.labels[i].length-1));}
 else if(+c.value!==j)c.value=j;}
-img.src=f[0];img.alt=f[1];if(set)set.textContent=": "+f[3];if(desc&&f[4])desc.textContent=f[4];
+img.src=f[0];img.alt=f[1];full();if(set)set.textContent=": "+f[3];if(desc&&f[4])desc.textContent=f[4];
 var said=moved<0?"":d.names[moved]+" "+d.labels[moved][idx[moved]]+": ";
 clearTimeout(timer);timer=setTimeout(function(){live.textContent=said+f[2];},350);}
 function choose(i,j){prefetch();j=Math.max(0,Math.min(d.labels[i].length-1,j));if(j!==idx[i]){idx[i]=j;moved=i;show();}}

@@ -30,7 +30,7 @@ import numpy as np
 from preln.nn.config import BlockConfig
 from preln.models.lm import CharVocab, LMConfig, TinyLM, batches, cross_entropy_backward, cross_entropy_forward
 from preln.ops import layer_norm_backward
-from preln.models.optim import Adam, clip_grad_norm, warmup_lr
+from preln.models.optim import Adam, fit, warmup_lr
 from preln.models.corpus import load_corpus
 from preln.resources import data_path
 from preln.nn.stack import TransformerStack
@@ -209,34 +209,17 @@ def train_lm(norm_first=True, n_layers=6, lr=1e-3, warmup=0, steps=300, seed=0, 
                          d_ff=d_ff, n_layers=n_layers, norm_first=norm_first, activation=activation),
                 dtype=np.dtype(dtype), seed=seed)
     opt = Adam(lm.params, lr=lr, betas=(0.9, 0.98), eps=1e-8)
-    train_it = batches(train_ids, batch_size, seq_len, seed=1000 + seed)
     val_it = batches(val_ids, batch_size, seq_len, seed=999)
     val = [next(val_it) for _ in range(eval_batches)]
 
     def evaluate():
         return float(np.mean([lm.loss(t, y) for t, y in val]))
 
-    train_loss, grad_norm, eval_steps, eval_loss = [], [], [0], [evaluate()]
-    diverged = False
-    with np.errstate(all="ignore"):
-        for t in range(1, steps + 1):
-            tokens, targets = next(train_it)
-            loss, grads = lm.loss_and_grads(tokens, targets)
-            norm = clip_grad_norm(grads, clip)
-            if not (np.isfinite(loss) and np.isfinite(norm)):
-                diverged = True
-                break
-            opt.step(grads, lr=warmup_lr(t, lr, warmup, decay))
-            train_loss.append(loss)
-            grad_norm.append(norm)
-            if t % eval_every == 0 or t == steps:
-                eval_steps.append(t)
-                eval_loss.append(evaluate())
-    n_missing = steps - len(train_loss)
-    train_loss += [float("nan")] * n_missing
-    grad_norm += [float("nan")] * n_missing
-    return {"config": config, "train_loss": train_loss, "grad_norm": grad_norm,
-            "eval_steps": eval_steps, "eval_loss": eval_loss, "diverged": diverged}
+    log = fit(lm, batches(train_ids, batch_size, seq_len, seed=1000 + seed), opt, steps, lr, warmup,
+              decay, clip, evaluate=evaluate, eval_every=eval_every, on_divergence="stop",
+              who="xiong.train_lm")
+    return {"config": config, **{k: log[k] for k in ("train_loss", "grad_norm", "eval_steps",
+                                                      "eval_loss", "diverged")}}
 
 
 def early_updates(norm_first=True, n_layers=6, lr=1e-2, warmup=0, steps=10, seed=0, d_model=32,

@@ -30,6 +30,7 @@ import time
 import numpy as np
 
 from preln.blas import blas_threads
+from preln.measure import best_time
 from preln.gguf.model import load, smollm2_path
 from preln.gguf.quant import quantize
 
@@ -43,12 +44,7 @@ PROMPT = ("The history of the printing press begins in the fifteenth century, wh
 def read_bandwidth(nbytes=256 * 2**20, repeats=5):
     """Bytes/s that one thread reads from memory: best time of summing a float32 array of nbytes."""
     a = np.ones(int(nbytes) // 4, np.float32)
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        a.sum()
-        best = min(best, time.perf_counter() - t)
-    return a.nbytes / best
+    return a.nbytes / best_time(a.sum, repeats, warmup=0, clock=time.perf_counter)
 
 
 def _clocks():  # -> [wall, CPU time of this process] in seconds

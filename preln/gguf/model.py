@@ -24,12 +24,12 @@ import numpy as np
 
 from preln.gguf.file import SUPPORTED_TYPES, GGUFError, dequantize, read, unpermute_qk
 from preln.gguf.tokenizer import GGUFTokenizer
-from preln.models.lm import embedding_forward, sample_next
+from preln.models.lm import Generator, embedding_forward
 from preln.models.llama_lm import LlamaLMConfig
 from preln.nn.llama import LlamaBlock
 from preln.nn.stack import StackKVCache
 from preln.ops import linear_forward, rms_norm_forward
-from preln.validation import nonnegative_float
+from preln.validation import check_token_ids
 
 __all__ = ["GGUFLlama", "load", "smollm2_path", "install_missing", "SMOLLM2_INSTALL", "SMOLLM2_FILE",
            "GGUF_EXTRA", "config_from_metadata"]
@@ -125,11 +125,11 @@ def config_from_metadata(metadata):
     return config, int(get("context_length", 2048))
 
 
-class GGUFLlama:
+class GGUFLlama(Generator):
     """An inference-only Llama LM loaded from a GGUF file (see :func:`load`).
 
     ``lm(ids)`` -> logits; ``lm.kv_cache(B, max_len)``, ``lm.decode(ids_new, kv)``;
-    ``lm.generate(ids, n_new, temperature=0.0, seed=None)``; ``lm.tokenizer``; ``lm.state_dict()``
+    ``lm.generate(ids, n_new, temperature=0.0, seed=None)`` (:class:`preln.models.lm.Generator`); ``lm.tokenizer``; ``lm.state_dict()``
     in transformers' names; ``lm.layers`` (the :class:`preln.LlamaBlock` s), ``lm.config`` (a
     LlamaLMConfig), ``lm.metadata``, ``lm.tensor_types`` ({GGUF name: type}).
     """
@@ -180,7 +180,7 @@ class GGUFLlama:
         computed as one prefill into a cache of S positions (no activations kept: inference only)."""
         ids = np.asarray(ids)
         one = ids.ndim == 1
-        ids = self._check_ids(ids[None] if one else ids, "ids")
+        ids = check_token_ids(ids[None] if one else ids, self.config.vocab_size, "ids")
         logits = self.decode(ids, self.kv_cache(ids.shape[0], ids.shape[1]))
         return logits[0] if one else logits
 
@@ -193,7 +193,7 @@ class GGUFLlama:
     def decode(self, ids_new, kv):
         """ids_new (B, n) -> logits (B, n, V) of the next n positions, given the cache of the ones
         before (it grows by n)."""
-        ids_new = self._check_ids(np.asarray(ids_new), "ids_new")
+        ids_new = check_token_ids(ids_new, self.config.vocab_size, "ids_new")
         if not isinstance(kv, StackKVCache) or len(kv.layers) != len(self.layers):
             raise TypeError(f"kv: expected the StackKVCache of lm.kv_cache(batch, max_len); got "
                             f"{type(kv).__name__}")
@@ -203,31 +203,6 @@ class GGUFLlama:
         h, _ = rms_norm_forward(h, self.own["model.norm.weight"], self.config.eps)
         return linear_forward(h, self.own["lm_head.weight"], None)[0]                 # (B, n, V)
 
-    def generate(self, ids, n_new, temperature=0.0, seed=None, stop_at_eos=False):
-        """Continue ``ids`` ((S0,) or (B, S0) ints) by ``n_new`` tokens with the KV cache: greedy at
-        temperature 0, else sampled from softmax(logits / temperature) with
-        ``np.random.default_rng(seed)``. stop_at_eos: a single sequence stops after the tokenizer's
-        EOS. Returns the prompt and the new tokens, (S0 + n,) or (B, S0 + n) int64."""
-        ids = np.asarray(ids)
-        one = ids.ndim == 1
-        ids = self._check_ids(ids[None] if one else ids, "ids").astype(np.int64)
-        if isinstance(n_new, bool) or not isinstance(n_new, (int, np.integer)) or n_new < 0:
-            raise ValueError(f"n_new: expected an int >= 0; got {n_new!r}")
-        nonnegative_float(temperature, "temperature")             # before the cache is allocated
-        B, S0 = ids.shape
-        rng = np.random.default_rng(seed)
-        out = np.empty((B, S0 + n_new), np.int64)
-        out[:, :S0] = ids
-        kv = self.kv_cache(B, S0 + n_new)
-        eos = self.tokenizer.eos_token_id if (stop_at_eos and self.tokenizer is not None) else None
-        for t in range(S0, S0 + n_new):
-            logits = self.decode(out[:, kv.length:t], kv)[:, -1]                       # (B, V)
-            out[:, t] = sample_next(logits, temperature, rng)
-            if eos is not None and B == 1 and out[0, t] == eos:
-                out = out[:, :t + 1]
-                break
-        return out[0] if one else out
-
     def chat(self, messages, n_new=64, temperature=0.0, seed=None):
         """The assistant's reply to ``messages`` (the file's chat template), as text."""
         if self.tokenizer is None:   # else "'NoneType' object has no attribute 'apply_chat_template'"
@@ -235,17 +210,9 @@ class GGUFLlama:
                              "(the model was loaded with tokenizer=False): load(path) with the "
                              "tokenizer, or call generate(ids, n_new) with token ids")
         prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        out = self.generate(np.array(prompt), n_new, temperature, seed, stop_at_eos=True)
+        out = self.generate(np.array(prompt), n_new, temperature, seed,
+                            stop_at=self.tokenizer.eos_token_id)
         return self.tokenizer.decode(out[len(prompt):], skip_special_tokens=True)
-
-    def _check_ids(self, ids, name):
-        if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer) or 0 in ids.shape:
-            raise ValueError(f"{name}: expected a non-empty (B, S) integer array; got shape "
-                             f"{ids.shape}, dtype {ids.dtype}")
-        V = self.config.vocab_size
-        if ids.min() < 0 or ids.max() >= V:
-            raise ValueError(f"{name}: expected token ids in [0, {V}); got [{ids.min()}, {ids.max()}]")
-        return ids
 
 
 def load(path, dtype=np.float32, tokenizer=True):

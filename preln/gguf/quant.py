@@ -35,12 +35,12 @@ from preln.gguf.model import GGUFLlama
 from preln.nn.llama import LlamaBlock
 from preln.nn.stack import StackKVCache
 from preln.ops import rms_norm_forward
-from preln.ops.fused import llama as fused_llama
 from preln.quant.awq import awq
 from preln.quant.gptq import gptq
 from preln.quant.groups import MAX_BITS, group_size_of, rtn
 from preln.quant.qmatvec import TiledQuant
 from preln.quant.weight_only import METHODS, check_quantize_args
+from preln.validation import check_token_ids
 
 __all__ = ["METHODS", "MATVEC_ROWS", "LINEARS", "QuantLinear", "WeightOnlyLlamaBlock", "WeightOnlyLlama",
            "quantize"]
@@ -125,22 +125,10 @@ class WeightOnlyLlamaBlock(LlamaBlock):
     def fuses(self):
         return True                         # float32, safe policy: the fused kernels always apply
 
-    def _attention(self, h, kpm, cos_sin, watch, kv=None, fused=True):  # (B, S, D) -> (B, S, D)
-        cfg, lin = self.config, self.linears
-        q = lin["self_attn.q_proj"](h)                                       # (B, S, H d_h)
-        k = lin["self_attn.k_proj"](h)                                       # (B, S, H_kv d_h)
-        v = lin["self_attn.v_proj"](h)
-        q, k = fused_llama.rope(q, cfg.n_heads, cos_sin), fused_llama.rope(k, cfg.n_kv_heads, cos_sin)
-        B, S, _ = v.shape
-        v = v.reshape(B, S, cfg.n_kv_heads, cfg.d_head).transpose(0, 2, 1, 3)   # (B, H_kv, S, d_h)
-        o, _ = self._sdpa(q, k, v, kpm, True, watch, kv, True)               # (B, H, S, d_h)
-        o = o.transpose(0, 2, 1, 3).reshape(B, S, cfg.d_model)
-        return lin["self_attn.o_proj"](o), None
-
-    def _mlp_fused(self, h, keep):  # (B, S, D) -> (B, S, D)
-        lin = self.linears
-        a, b = lin["mlp.gate_proj"](h), lin["mlp.up_proj"](h)                # (B, S, F) each
-        return lin["mlp.down_proj"](fused_llama.silu_mul(a, b, out=a)), None
+    def linear(self, name):  # -> h (B, S, in) -> ((B, S, out) float32, None: no backward)
+        """The block's linear ``name``, swapped for its :class:`QuantLinear`."""
+        q = self.linears[name]
+        return lambda h: (q(h), None)
 
     def backward(self, dy):
         raise RuntimeError("backward: a weight-only quantised block is inference-only")
@@ -214,7 +202,7 @@ class WeightOnlyLlama(GGUFLlama):
 
     def decode(self, ids_new, kv):
         """ids_new (B, n) -> logits (B, n, V), float32; the cache grows by n."""
-        ids_new = self._check_ids(np.asarray(ids_new), "ids_new")
+        ids_new = check_token_ids(ids_new, self.config.vocab_size, "ids_new")
         if not isinstance(kv, StackKVCache) or len(kv.layers) != len(self.layers):
             raise TypeError(f"kv: expected the StackKVCache of lm.kv_cache(batch, max_len); got "
                             f"{type(kv).__name__}")
@@ -282,7 +270,7 @@ def quantize(lm, method="rtn", bits=4, group_size=32, calib=None, symmetric=Fals
                          f"byte; got {group_size}")
     h = None
     if method != "rtn":
-        calib = lm._check_ids(np.atleast_2d(np.asarray(calib)), "calib")
+        calib = check_token_ids(np.atleast_2d(np.asarray(calib)), lm.config.vocab_size, "calib")
         h = lm.own["model.embed_tokens.weight"][calib].astype(np.float64)              # (B, S, D)
     layers = []
     for layer in lm.layers:

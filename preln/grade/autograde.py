@@ -240,15 +240,22 @@ def sanitize_outputs(outputs):
     return out
 
 
-def verdict_outputs(verdict):
-    lines = verdict.lines()
+def verdict_outputs(verdict, all_or_nothing=False):
+    """The tests cell's outputs nbgrader scores (nbgrader.utils.determine_grade): all passed, a
+    line on stdout (full points); some points, the feedback on stdout then the points as the cell's
+    result (nbgrader's partial credit); none, an error."""
+    lines = verdict.lines(all_or_nothing=all_or_nothing)
     if verdict.passed:
         return [nbformat.v4.new_output("stream", name="stdout", text="\n".join(lines) + "\n")]
+    score = verdict.score(all_or_nothing)
+    if score > 0:
+        return [nbformat.v4.new_output("stream", name="stdout", text="\n".join(lines) + "\n"),
+                nbformat.v4.new_output("execute_result", data={"text/plain": f"{score:g}"})]
     return [nbformat.v4.new_output("error", ename="HiddenCheckFailed", evalue=lines[0],
                                    traceback=[f"HiddenCheckFailed: {lines[0]}"] + lines[1:])]
 
 
-def apply(nb, plan, verdicts, outputs, sandboxed=True):
+def apply(nb, plan, verdicts, outputs, sandboxed=True, all_or_nothing=False):
     """Write verdicts and the sandbox's outputs into ``nb`` (the notebook nbgrader will score)."""
     tests = tests_cells(nb, plan)
     for key, i in tests.items():
@@ -257,7 +264,7 @@ def apply(nb, plan, verdicts, outputs, sandboxed=True):
         public = nbtools.without_hidden(cell.source)
         cell.source = public.rstrip("\n") + (f"\n# {n} hidden checks: run by the grader, outside the notebook"
                                              + ("" if sandboxed else " (NOT sandboxed)"))
-        cell.outputs = verdict_outputs(verdicts[key])
+        cell.outputs = verdict_outputs(verdicts[key], all_or_nothing)
         cell.execution_count = None
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code" or i in tests.values():
@@ -295,6 +302,8 @@ class SandboxedExecute(NbGraderPreprocessor):
     slot = Integer(0, help="Worker slot (the sandbox's uid is uid_base + slot when run as root)").tag(config=True)
     workspace = Unicode("", help="Scratch directory (views, jobs); default: a temporary one").tag(config=True)
     bwrap = Unicode("bwrap", help="The bubblewrap executable").tag(config=True)
+    all_or_nothing = Bool(False, help="A question scores its points only when every requirement group "
+                                      "passes (default: the points of the groups it passes)").tag(config=True)
     secret_file = Unicode("", help="A file whose first line is the course secret (re-seeds the hidden inputs; "
                                    "default: $PRELN_COURSE_SECRET, else the published seeds)").tag(config=True)
 
@@ -331,7 +340,7 @@ class SandboxedExecute(NbGraderPreprocessor):
         except GradingFailed as e:
             LAST["failure"] = str(e)
             raise
-        apply(nb, plan, verdicts, outputs, sandboxed=self.sandbox)
+        apply(nb, plan, verdicts, outputs, sandboxed=self.sandbox, all_or_nothing=self.all_or_nothing)
         LAST.update(seconds=info["seconds"], verdicts={k: v.passed for k, v in verdicts.items()})
         resources.setdefault("preln_grader", {}).update(sandboxed=self.sandbox, **info)
         return nb, resources

@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import io
 import json
+import math
 import os
 import secrets
 import signal
@@ -69,6 +70,9 @@ class QuestionPlan:
         self._before = {}
         self.frozen = {}              # call index -> the arguments an unchanged(...) judges
         self.params = {}              # answer name -> its parameters (the source's), for messages
+        self.requirements = []        # {"name", "points", "says", "core", "checks": [check index]}
+        self.provided = None          # batch index of {earlier answer: reference} (in_place_of)
+        self._provided = {}
 
     # the collector interface of preln.course (_PLAN)
     def record(self, fn, args, kwargs, keep_args, errstate):
@@ -89,7 +93,43 @@ class QuestionPlan:
             if isinstance(e, api.unchanged):
                 self.frozen.setdefault(call.index, [])
                 self.frozen[call.index] += [w for w in e.which if w not in self.frozen[call.index]]
+        if self.requirements:
+            self.requirements[-1]["checks"].append(len(self.checks))
         self.checks.append((what, call.index, expectations))
+
+    def requirement(self, name, points, says, core):
+        if self.checks and not self.requirements:
+            raise PlanError(f"{self.key}: requirement {name!r} follows checks that belong to none; "
+                            "declare the first requirement before the first check")
+        if any(r["name"] == name for r in self.requirements):
+            raise PlanError(f"{self.key}: two requirements named {name!r}")
+        self.requirements.append({"name": name, "points": points, "says": says, "core": core, "checks": []})
+
+    @property
+    def replaced(self):
+        """The earlier answers this question's calls see the grader's versions of."""
+        return list(self._provided)
+
+    def in_place_of(self, name, reference):
+        self._provided[name] = reference
+        try:
+            self.provided = self.batch.add(dict(self._provided))
+        except wire.WireError as e:
+            raise PlanError(f"{self.key}: in_place_of({name!r}): {e}") from None
+
+    def finish(self):
+        """Check the requirement groups against the question's points (PlanError if they do not fit)."""
+        if not self.requirements:
+            return
+        empty = [r["name"] for r in self.requirements if not r["checks"]]
+        if empty:
+            raise PlanError(f"{self.key}: requirement(s) without a check: {', '.join(empty)}")
+        total = sum(r["points"] for r in self.requirements)
+        if not math.isclose(total, self.points):
+            raise PlanError(f"{self.key}: the requirements' points add up to {total:g}; the tests cell "
+                            f"has {self.points:g}")
+        if not any(r["core"] for r in self.requirements):
+            self.requirements[0]["core"] = True
 
     def no_credit_for(self, references):
         self.references += list(references)
@@ -115,8 +155,11 @@ class QuestionPlan:
                     call["frozen"] = [{"arg": w, "files": [self._freeze(a, frozen_dir) for a in arrays]}
                                       for w, arrays in self._frozen_arrays(ci)]
                 calls.append(call)
-        return {"inputs": self.batch.document(), "calls": calls, "call_timeout": call_timeout,
-                "budget": budget}
+        doc = {"inputs": self.batch.document(), "calls": calls, "call_timeout": call_timeout,
+               "budget": budget}
+        if self.provided is not None:
+            doc["provide"] = self.provided
+        return doc
 
     def _frozen_arrays(self, ci):
         """[(argument, its arrays in map_arrays' order)] of the call's judged arguments."""
@@ -315,6 +358,7 @@ def build_plan(source_path, secret=None):
                             f"{e}\n{tb}") from e
         if not qp.checks:
             raise PlanError(f"{plan.name} {key}: the hidden region records no check(...)")
+        qp.finish()
         chosen = views.resolve(qp.modules, qp.without)
         leaked = views.leaks(chosen, qp.references)
         if leaked:
@@ -399,18 +443,38 @@ def outcome_from(doc, qp, call_index, q_status, frozen=None):
 
 
 class Verdict:
-    def __init__(self, key, points, failures, n_checks, name_uses=(), n_failed=None, harness_uses=()):
+    """A question's verdict: its checks' failures, per requirement group when the question names
+    requirements (``groups``: [{"name", "points", "says", "core", "failures", "n_checks"}])."""
+
+    def __init__(self, key, points, failures, n_checks, name_uses=(), n_failed=None, harness_uses=(),
+                 groups=()):
         self.key, self.points, self.failures, self.n_checks = key, points, failures, n_checks
         self.name_uses = list(name_uses)
         self.harness_uses = list(harness_uses)
         # a check can fail several of its expectations (one message each): count checks, not messages
         self.n_failed = len(failures) if n_failed is None else n_failed
+        self.groups = list(groups)
 
     @property
     def passed(self):
         return not self.failures and not self.name_uses and not self.harness_uses
 
-    def lines(self, limit=4):
+    def _core_ok(self):
+        return any(g["core"] and not g["failures"] for g in self.groups)
+
+    def score(self, all_or_nothing=False):
+        """The points earned: every group passed, all of them; a failed requirement loses its own
+        points only, and the other requirements count only when a core requirement passes (a
+        cheat cannot collect one by accident). ``all_or_nothing``: the question's points or 0."""
+        if self.passed:
+            return self.points
+        if all_or_nothing or self.name_uses or self.harness_uses or not self.groups:
+            return 0
+        if not self._core_ok():
+            return 0
+        return sum(g["points"] for g in self.groups if not g["failures"])
+
+    def lines(self, limit=4, all_or_nothing=False):
         if self.passed:
             return [f"Hidden checks: all {self.n_checks} passed."]
         out = []
@@ -419,11 +483,25 @@ class Verdict:
         if self.name_uses:
             out.append("No credit: the answer calls the package's own implementation of what is asked: "
                        + ", ".join(self.name_uses) + ".")
-        if self.failures:
+        if self.failures and not self.groups:
             out.append(f"Hidden checks: {self.n_failed} of {self.n_checks} failed.")
             out += [f"- {f}" for f in self.failures[:limit]]
             if len(self.failures) > limit:
                 out.append(f"- ... and {len(self.failures) - limit} more")
+        elif self.groups:
+            out.append(f"Score: {self.score(all_or_nothing):g} of {self.points:g} points"
+                       + (" (all or nothing: every requirement must pass)" if all_or_nothing else "")
+                       + (": a core requirement failed, so the others do not count"
+                          if not self._core_ok() and not all_or_nothing and not self.name_uses
+                          and not self.harness_uses else "."))
+            for g in self.groups:
+                pts = f"{g['points']:g} point{'s' if g['points'] != 1 else ''}"
+                if not g["failures"]:
+                    out.append(f"- met: {g['name']} ({pts})")
+                    continue
+                out.append(f"- NOT MET: {g['name']} ({pts}): {g['says']}")
+                out.append(f"    {len(g['failures'])} of {g['n_checks']} checks failed; the first, on "
+                           + g["failures"][0])
         return out
 
 
@@ -437,6 +515,7 @@ def evaluate(plan, results, q_status, student_sources=None, frozen=None):
         failures = []
         outcomes = {}
         n_failed = 0
+        per_check = []
         for what, ci, expectations in qp.checks:
             if ci not in outcomes:
                 cid = qp.calls[ci]["id"]
@@ -444,10 +523,15 @@ def evaluate(plan, results, q_status, student_sources=None, frozen=None):
             msgs = api.verify(outcomes[ci], expectations)
             n_failed += bool(msgs)
             failures += [f"{what}: {msg}" for msg in msgs]
+            per_check.append(f"{what}: {'; '.join(msgs)}" if msgs else None)
+        groups = [{"name": r["name"], "points": r["points"], "says": r["says"], "core": r["core"],
+                   "n_checks": len(r["checks"]),
+                   "failures": [per_check[i] for i in r["checks"] if per_check[i]]} for r in qp.requirements]
         uses = []
         if student_sources is not None and qp.references:
-            uses = namecheck.forbidden_uses(student_sources, qp.answers, qp.references)
-        verdicts[key] = Verdict(key, qp.points, failures, len(qp.checks), uses, n_failed, harness)
+            uses = namecheck.forbidden_uses(student_sources, qp.answers, qp.references,
+                                            replaced=set(qp.replaced))
+        verdicts[key] = Verdict(key, qp.points, failures, len(qp.checks), uses, n_failed, harness, groups)
     return verdicts
 
 
@@ -467,46 +551,69 @@ def run_in_process(plan, namespace, keys=None, call_timeout=10.0):
     for key in keys or list(plan.questions):
         qp = plan.questions[key]
         status[key] = "done"
-        skip = None
-        for i, call in enumerate(qp.calls):
-            if skip:
-                results[call["id"]] = {"kind": "skipped", "message": skip}
-                continue
-            fn = namespace.get(call["fn"])
-            if not callable(fn):
-                results[call["id"]] = {"kind": "missing", "message": call["fn"]}
-                continue
-            args, kwargs = wire.decode(qp.batch.trees[call["input"]], qp.batch.blobs, trusted=False)
-            old = signal.signal(signal.SIGALRM, _alarm)
-            signal.setitimer(signal.ITIMER_REAL, call_timeout)
-            doc = None
-            try:
-                with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-                    warnings.simplefilter("ignore")
-                    with np.errstate(**call["errstate"]) if call["errstate"] else contextlib.nullcontext():
-                        value = fn(*args, **kwargs)
-            except _Timeout:
-                doc = {"kind": "timeout", "message": f"{call_timeout:g} s"}
-                skip = "an earlier call of this question timed out"
-            except Exception as e:                           # noqa: BLE001: the answer's exception
-                doc = {"kind": "raised", "exc_type": type(e).__name__, "message": str(e)[:200]}
-            finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-                signal.signal(signal.SIGALRM, old)
-            if doc is None:
-                try:
-                    tree, blobs = wire.encode_result(value)
-                    doc = {"kind": "value", "value": wire.dumps(tree, blobs)}
-                except wire.WireError as e:
-                    doc = {"kind": "unsupported", "message": str(e)}
-            if call["keep_args"]:
-                try:
-                    tree, blobs = wire.encode_result((args, kwargs))
-                    doc["args_after"] = wire.dumps(tree, blobs)
-                except wire.WireError:
-                    doc["args_after"] = None
-            results[call["id"]] = doc
+        with _provided(qp, namespace):
+            _run_calls(qp, namespace, results, call_timeout)
     return results, status
+
+
+@contextlib.contextmanager
+def _provided(qp, namespace):
+    """The question's in_place_of references in ``namespace`` while its calls run (then restored)."""
+    if qp.provided is None:
+        yield
+        return
+    refs = wire.decode(qp.batch.trees[qp.provided], qp.batch.blobs, trusted=False)
+    saved = {n: namespace[n] for n in refs if n in namespace}
+    namespace.update(refs)
+    try:
+        yield
+    finally:
+        for n in refs:
+            namespace.pop(n, None)
+        namespace.update(saved)
+
+
+def _run_calls(qp, namespace, results, call_timeout):
+    """Make the question's calls in ``namespace``; their documents into ``results``."""
+    skip = None
+    for i, call in enumerate(qp.calls):
+        if skip:
+            results[call["id"]] = {"kind": "skipped", "message": skip}
+            continue
+        fn = namespace.get(call["fn"])
+        if not callable(fn):
+            results[call["id"]] = {"kind": "missing", "message": call["fn"]}
+            continue
+        args, kwargs = wire.decode(qp.batch.trees[call["input"]], qp.batch.blobs, trusted=False)
+        old = signal.signal(signal.SIGALRM, _alarm)
+        signal.setitimer(signal.ITIMER_REAL, call_timeout)
+        doc = None
+        try:
+            with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+                warnings.simplefilter("ignore")
+                with np.errstate(**call["errstate"]) if call["errstate"] else contextlib.nullcontext():
+                    value = fn(*args, **kwargs)
+        except _Timeout:
+            doc = {"kind": "timeout", "message": f"{call_timeout:g} s"}
+            skip = "an earlier call of this question timed out"
+        except Exception as e:                           # noqa: BLE001: the answer's exception
+            doc = {"kind": "raised", "exc_type": type(e).__name__, "message": str(e)[:200]}
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+        if doc is None:
+            try:
+                tree, blobs = wire.encode_result(value)
+                doc = {"kind": "value", "value": wire.dumps(tree, blobs)}
+            except wire.WireError as e:
+                doc = {"kind": "unsupported", "message": str(e)}
+        if call["keep_args"]:
+            try:
+                tree, blobs = wire.encode_result((args, kwargs))
+                doc["args_after"] = wire.dumps(tree, blobs)
+            except wire.WireError:
+                doc["args_after"] = None
+        results[call["id"]] = doc
 
 
 def exec_cells(nb, sources, upto=None):

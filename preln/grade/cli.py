@@ -348,7 +348,7 @@ def make_api(course_root, args, slot, workspace):
         "SandboxedExecute": {"timeout": args.timeout, "call_timeout": args.call_timeout, "mem_mb": args.mem_mb,
                              "cpu_s": args.cpu_s, "total_mem_mb": args.total_mem_mb,
                              "sandbox": not args.no_sandbox, "slot": slot, "workspace": str(workspace),
-                             "bwrap": args.bwrap},
+                             "bwrap": args.bwrap, "all_or_nothing": args.all_or_nothing},
         # the feedback renders a student's markdown through an allow-list sanitiser (feedback.py),
         # whatever the edition's nbgrader_config.py says
         "GenerateFeedback": {"exporter_class": "preln.grade.feedback.FeedbackExporter"},
@@ -765,6 +765,8 @@ def main(argv=None):
                     help="seconds of all the work on one notebook, in the grader and its sandbox (default 1200)")
     ap.add_argument("--no-sandbox", action="store_true", help="grade without bubblewrap (unprotected; rows say so)")
     ap.add_argument("--no-feedback", action="store_true", help="skip the HTML feedback")
+    ap.add_argument("--all-or-nothing", action="store_true",
+                    help="a question scores its points only if every requirement passes (default: partial credit)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder")
     ap.add_argument("--verbose", action="store_true", help="print timings and the grader's tracebacks")
     ap.add_argument("--bwrap", default="bwrap", help="the bubblewrap executable (default: bwrap on PATH)")

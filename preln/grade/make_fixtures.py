@@ -12,11 +12,20 @@ book/running.md's threat model lists the attacks. derivation_ops:
   kim     other styles: einsum, np.var, apply_along_axis, ndtr, a loop -> full marks
   liam    correct, but numpy prints RuntimeWarnings on stderr (np.where evaluating both branches,
           0/0), a print to stderr and warnings.warn at top level   -> full marks
-  bob     eps outside the square root (q1), softmax without the max shift (q3) -> 0 on those
+  bob     eps outside the square root (q1: 0), softmax without the max shift (q3: its "values"
+          point only; q4 and q7 are graded with a correct softmax in place)
   carol   q2 raises an exception, q6 left as the stub
   dave    q5 loops forever (cut by the per-call time limit)        -> 0 on q5 only
   grace   q4 allocates without bound (MemoryError under the address-space cap) -> 0 on q4 only
-  ivan    q3 calls preln.ops.softmax                               -> 0 on q3 (and q4, which uses it)
+  ivan    q3 calls preln.ops.softmax                               -> 0 on q3 only (q4 and q7, which
+          call it, run with the grader's softmax in its place, and the name check skips it there)
+  Issue 32's five one-line mistakes, each losing only its requirement's points (partial credit,
+  no cascade, the feedback naming the requirement in words):
+  lena    q1 not cast back to x's dtype (float64 gamma)             -> q1 2 of 3 (dtype)
+  axel    q2's dgamma, dbeta summed over axis 0 only                -> q2 3 of 4 (leading axes)
+  noor    q3 without the all -inf rule                              -> q3 3 of 4 (all -inf slices)
+  ines    q4 masks with -1e9 (the Annotated Transformer's idiom)    -> q4 3 of 4 (fully masked rows)
+  hugo    q3 computed in float64 for a float16 input                -> q3 3 of 4 (dtype)
   judy    the untouched student notebook                           -> 0
   erin    a truncated, corrupt file                                -> failed
   frank   a notebook whose cell metadata was stripped              -> failed
@@ -94,7 +103,8 @@ Issue 37 and issue 36, items 3-5 (derivation_ops; the roster itself is one case)
 int8: alice (solutions), kim (other styles: amax * (1 / 127), an int64 einsum, loops, GPTQ's
 step from a re-inverted Hessian instead of the Cholesky factor), liam
 (warnings on stderr), wendy (q3 quantised in float64 and cast at the end: the plausible mistake
-the float32 rounding-boundary input catches), judy, and mallory, oscar, peggy as above.
+the float32 rounding-boundary input catches; it loses q3's "float32 first" point only), judy, and
+mallory, oscar, peggy as above.
 """
 import copy
 import csv
@@ -522,7 +532,8 @@ def softmax(x, axis=-1):
     "kim": {
         "q1_layer_norm_forward": '''def layer_norm_forward(x, gamma, beta, eps=1e-5):
     centred = x - np.mean(x, axis=-1)[..., None]
-    return centred / np.sqrt(np.var(x, axis=-1)[..., None] + eps) * gamma + beta''',
+    y = centred / np.sqrt(np.var(x, axis=-1)[..., None] + eps) * gamma + beta
+    return np.asarray(y, dtype=x.dtype)''',
         "q2_layer_norm_backward": '''def layer_norm_backward(dy, x, gamma, eps=1e-5):
     D = x.shape[-1]
     xc = x - x.mean(-1, keepdims=True)
@@ -589,6 +600,50 @@ def attention(q, k, v, key_padding_mask=None, causal=False):
         m = np.where(np.triu(np.ones((S, S), bool), 1), -np.inf, m)
     warnings.warn("attention: masks built with inf arithmetic")
     return softmax(s + m) @ v''',
+    },
+}
+
+#: issue 32: five one-line slips a real student makes, each losing only its requirement's points
+#: (partial credit, no cascade: q4 and q7 are graded with a correct softmax in place)
+MISTAKES = {
+    "lena": {        # q1: dtype (1 of 3): float64 gamma promotes a float32 x
+        "q1_layer_norm_forward": '''def layer_norm_forward(x, gamma, beta, eps=1e-5):
+    mean = x.mean(axis=-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * gamma + beta     # not cast back to x's dtype''',
+    },
+    "axel": {        # q2: leading axes (1 of 4): dgamma, dbeta summed over axis 0 only
+        "q2_layer_norm_backward": '''def layer_norm_backward(dy, x, gamma, eps=1e-5):
+    mean = x.mean(axis=-1, keepdims=True)
+    rstd = 1.0 / np.sqrt(((x - mean) ** 2).mean(axis=-1, keepdims=True) + eps)
+    xhat = (x - mean) * rstd
+    dgamma, dbeta = (dy * xhat).sum(axis=0), dy.sum(axis=0)       # axis 0 only
+    g = dy * gamma
+    dx = rstd * (g - g.mean(-1, keepdims=True) - xhat * (g * xhat).mean(-1, keepdims=True))
+    return dx, dgamma, dbeta''',
+    },
+    "noor": {        # q3: all -inf slices (1 of 4); q4 and q7 keep their points (no cascade)
+        "q3_softmax": '''def softmax(x, axis=-1):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))      # an all -inf slice: NaN
+    return e / e.sum(axis=axis, keepdims=True)''',
+    },
+    "ines": {        # q4: fully masked rows (1 of 4): the Annotated Transformer's -1e9 fill
+        "q4_attention": '''def attention(q, k, v, key_padding_mask=None, causal=False):
+    S = q.shape[-2]
+    scores = q @ k.swapaxes(-1, -2) / np.sqrt(q.shape[-1])
+    if key_padding_mask is not None:
+        scores = np.where(key_padding_mask[:, None, None, :], -1e9, scores)
+    if causal:
+        scores = np.where(np.triu(np.ones((S, S), dtype=bool), k=1), -1e9, scores)
+    return softmax(scores, axis=-1) @ v''',
+    },
+    "hugo": {        # q3: dtype (1 of 4): computed in float64 for a float16 input
+        "q3_softmax": '''def softmax(x, axis=-1):
+    x = x.astype(np.float64)
+    m = x.max(axis=axis, keepdims=True)
+    e = np.exp(x - np.where(np.isfinite(m), m, 0))
+    s = e.sum(axis=axis, keepdims=True)
+    return e / np.where(s == 0, 1, s)''',
     },
 }
 
@@ -728,7 +783,7 @@ def library_answers(name):
 def students(name, release, source):
     """{student: notebook} of one assignment."""
     out = {"alice": filled(release, source), "judy": copy.deepcopy(release)}
-    table = DERIV_OPS if name == "derivation_ops" else INT8
+    table = {**DERIV_OPS, **MISTAKES} if name == "derivation_ops" else INT8
     for student, overrides in table.items():
         out[student] = filled(release, source, overrides)
     stubs = filled(release, source, solve=False)
@@ -803,19 +858,26 @@ def expected(name, source):
     full = {cols[g]: p for g, p in auto.items()}
     zero = {c: 0 for c in full}
 
-    def but(**zeros):
-        return {c: (0 if any(c.startswith(k) for k in zeros) else p) for c, p in full.items()}
+    def but(**scores):
+        """Full marks but these questions' scores, e.g. but(q1=0, q3=1)."""
+        return {c: scores.get(c.split("_")[0], p) for c, p in full.items()}
 
     if name == "derivation_ops":
         return {
             "alice": (full, "ok"), "kim": (full, "ok"), "liam": (full, "ok"), "judy": (zero, "ok"),
-            "bob": (but(q1=1, q3=1, q4=1), "ok"), "carol": (but(q2=1, q6=1), "ok"), "dave": (but(q5=1), "ok"),
-            "grace": (but(q4=1), "ok"), "ivan": (but(q3=1, q4=1), "ok"),
+            # q3 without the max shift keeps "values" only (1 of 4); q4 is graded with a correct softmax
+            "bob": (but(q1=0, q3=1), "ok"), "carol": (but(q2=0, q6=0), "ok"), "dave": (but(q5=0), "ok"),
+            # q4 and q7 call ivan's softmax, replaced by the grader's while they are graded: only q3
+            # names the package's
+            "grace": (but(q4=0), "ok"), "ivan": (but(q3=0), "ok"),
+            # issue 32's five mistakes: each loses its requirement's points, nothing else
+            "lena": (but(q1=2), "ok"), "axel": (but(q2=3), "ok"), "noor": (but(q3=3), "ok"),
+            "ines": (but(q4=3), "ok"), "hugo": (but(q3=3), "ok"),
             "erin": (None, "failed: not a readable notebook"), "frank": (None, "failed: nbgrader metadata missing"),
             "heidi": (None, "missing"),
             "mallory": (zero, "ok"), "nina": (zero, "ok"), "oscar": (zero, "ok"), "peggy": (zero, "ok"),
             "quinn": (None, "failed: the grading run in the sandbox ended without a result"),
-            "rita": (but(q1=1), "ok"), "sam": (full, "ok"),
+            "rita": (but(q1=0), "ok"), "sam": (full, "ok"),
             "tina": (None, "failed: the notebook's processes held more than"),
             "victor": (full, "ok"),
             # the cap of tests/test_course_grading.py (--total-mem-mb 2048), counted by the sandbox's cgroup
@@ -838,12 +900,12 @@ def expected(name, source):
         # every argument of an `unchanged` check reaches the answer read-only: the honest answer
         # keeps full marks; the candidate picker loses q2; the in-place Adam with the patched
         # harness loses every question (no credit for code that touches the harness)
-        return {"alice": (full, "ok"), "pia": (but(q2=1), "ok"), "bea": (zero, "ok"),
+        return {"alice": (full, "ok"), "pia": (but(q2=0), "ok"), "bea": (zero, "ok"),
                 "zack": (None, "failed: refused: the student's folder is a symbolic link")}
     if name == "derivation_block":
         return {"kai": (zero, "ok")}
     return {"zack": (None, "failed: refused: the student's folder is a symbolic link"), "alice": (full, "ok"), "kim": (full, "ok"), "liam": (full, "ok"), "judy": (zero, "ok"),
-            "wendy": (but(q3=1), "ok"), "mallory": (zero, "ok"), "oscar": (zero, "ok"),
+            "wendy": (but(q3=3), "ok"), "mallory": (zero, "ok"), "oscar": (zero, "ok"),
             "peggy": (zero, "ok")}
 
 

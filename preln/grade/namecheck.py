@@ -178,13 +178,15 @@ def _local_names(fn):
     return out
 
 
-def forbidden_uses(sources, answers, references):
+def forbidden_uses(sources, answers, references, replaced=()):
     """The forbidden names the answers' code uses, as "name (how)" strings (empty: none).
 
     sources:    the student's code cells (text).
     answers:    the question's function names.
     references: import paths declared with no_credit_for ("preln.ops.softmax",
                 "preln.TransformerBlock.backward": its class, TransformerBlock, is what is checked).
+    replaced:   earlier answers the grader replaces by its own while the question is graded
+                (preln.course.in_place_of): their code does not run then, so it is not read.
     """
     forbidden = set()
     for r in references:
@@ -215,7 +217,8 @@ def forbidden_uses(sources, answers, references):
         for sub in ast.walk(node):
             if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load) and sub.id not in local:
                 if sub.id in module.defs:
-                    todo.append(module.defs[sub.id])
+                    if sub.id not in replaced:
+                        todo.append(module.defs[sub.id])
                     continue
                 for b in module.bindings.get(sub.id, []):
                     todo.append(b)

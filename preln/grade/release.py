@@ -113,9 +113,11 @@ def course_section(names):
                 chapter_line(chapters_of(name, toc))
                 + f"**Time:** {time}. **Points:** {auto + manual:g} ({n_q} coding questions, {auto:g} points "
                 f"graded automatically; {manual:g} for written answers graded by hand).", "",
+                # the notebook alone: no Binder link, which would open it in a copy of the whole
+                # repository, next to assignments/source (the solutions and hidden checks; issue 32)
                 f"**Student notebook:** {{download}}`{name}_assignment.ipynb <../{path}>` · "
-                f"[launch on Binder](https://mybinder.org/v2/gh/{repo}/{branch}?urlpath=lab/tree/{path}) · "
-                f"[open in Colab](https://colab.research.google.com/github/{repo}/blob/{branch}/{path})", ""]
+                f"[open in Colab](https://colab.research.google.com/github/{repo}/blob/{branch}/{path}) "
+                "(the notebook alone; its first cell installs `preln`)", ""]
     out.append(END_TABLE)
     return "\n".join(out)
 

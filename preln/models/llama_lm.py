@@ -15,23 +15,19 @@ the embedding from N(0, 0.02^2) and the head Xavier normal -- TinyLM's scheme (X
 so that the chapter's comparison with the reference LM changes the block and nothing else;
 "llama" is transformers' N(0, 0.02^2) everywhere.
 
-:func:`train_lm` is the training loop of :mod:`preln.models.pretrained` (Adam with betas 0.9, 0.98, linear
-warm-up, global-norm clipping, the same batches for the same seed) for either model, with the
-held-out loss measured along the way.
+:func:`preln.models.pretrained.train_lm` trains it with the reference LM's recipe.
 """
-import time
 from typing import NamedTuple
 
 import numpy as np
 
-from preln.models.lm import LanguageModel, TokenIO, cross_entropy_forward, embedding_backward
+from preln.models.lm import LanguageModel, TokenIO, embedding_backward
 from preln.nn.llama import LlamaBlock, LlamaConfig
 from preln.ops import linear_backward, rms_norm_backward, rms_norm_forward
-from preln.models.optim import Adam, train_step
 from preln.nn.stack import StackKVCache
 from preln.validation import check_choice, positive_int
 
-__all__ = ["LlamaLMConfig", "LlamaLM", "train_lm", "held_out_loss"]
+__all__ = ["LlamaLMConfig", "LlamaLM"]
 
 
 class LlamaLMConfig(NamedTuple):
@@ -143,50 +139,3 @@ class LlamaLM(LanguageModel):
             h = layer.decode(h, layer_kv)
         h, _ = rms_norm_forward(h, self.own["model.norm.weight"], self.config.eps)
         return self.io.logits(self.own, h)[0]                                         # (B, n, V)
-
-
-# ---- training ------------------------------------------------------------------------------------
-def held_out_loss(model, ids, seq_len, n_windows):
-    """Mean cross-entropy over the first ``n_windows`` non-overlapping windows of ``ids``
-    (the windows of :func:`preln.models.pretrained.perplexity`), in eval mode; the mode is restored."""
-    n = min(n_windows, (ids.size - 1) // seq_len)
-    windows = ids[np.arange(n)[:, None] * seq_len + np.arange(seq_len + 1)]   # (n, S + 1)
-    was_training = model.training if hasattr(model, "training") else model.stack.training
-    model.eval()
-    try:
-        return float(cross_entropy_forward(model(windows[:, :-1]), windows[:, 1:])[0])
-    finally:
-        model.train(was_training)
-
-
-def train_lm(model, train_ids, recipe, seed, val_ids=None, eval_every=0, eval_windows=32):
-    """The reference LM's training loop (:mod:`preln.models.pretrained`) for any model with ``params``,
-    ``loss_and_grads``, ``train`` and ``eval``: ``recipe["steps"]`` Adam steps (betas 0.9, 0.98,
-    eps 1e-8) at ``warmup_lr(t, lr, warmup)`` with global-norm clipping at ``clip``, on the
-    batches ``preln.models.lm.batches(train_ids, batch_size, seq_len, seed=1000 + seed)``.
-
-    Returns {"train_loss": per step, "val_steps", "val_loss": the held-out loss every
-    ``eval_every`` steps (and at step 0) over ``eval_windows`` windows, "seconds", "cpu_seconds"}.
-    """
-    from preln.models.lm import batches
-    r = recipe
-    opt = Adam(model.params, lr=r["lr"], betas=(0.9, 0.98), eps=1e-8)
-    it = batches(train_ids, r["batch_size"], r["seq_len"], seed=1000 + seed)
-    log = {"train_loss": [], "val_steps": [], "val_loss": []}
-
-    def evaluate(step):
-        if val_ids is not None and eval_every:
-            log["val_steps"].append(step)
-            log["val_loss"].append(held_out_loss(model, val_ids, r["seq_len"], eval_windows))
-
-    model.train()
-    evaluate(0)
-    start, cpu = time.perf_counter(), time.process_time()
-    for t in range(1, r["steps"] + 1):
-        log["train_loss"].append(train_step(model, next(it), opt, t, r, "train_lm"))   # (B, S) batches
-        if eval_every and t % eval_every == 0:
-            evaluate(t)
-    log["seconds"] = time.perf_counter() - start
-    log["cpu_seconds"] = time.process_time() - cpu
-    model.eval()
-    return log

@@ -147,7 +147,62 @@ class TokenIO(NamedTuple):
 
 
 # ---- the model -------------------------------------------------------------------------------
-class LanguageModel(Module):
+class Generator:
+    """``generate`` for any LM with ``config.vocab_size``, ``forward``, ``kv_cache`` and ``decode``
+    (written once: TinyLM, LlamaLM, the GGUF models). ``max_positions``: the positions the model
+    has embeddings for (None: RoPE, no such limit)."""
+
+    max_positions = None
+
+    def generate(self, prompt_ids, n_new, temperature=0.0, seed=None, use_cache=True, stop_at=None):
+        """Continue ``prompt_ids`` ((S0,) or (B, S0) ints) by ``n_new`` tokens.
+
+        temperature: 0 -> greedy (argmax of the logits); > 0 -> sampled from
+        softmax(logits / temperature), drawn from ``np.random.default_rng(seed)`` (deterministic
+        given the seed). use_cache: True decodes one position per step with a KV cache; False
+        recomputes the forward of the whole sequence every step (the same tokens, for comparison).
+        stop_at: a token id (e.g. the tokenizer's EOS) after which a single sequence stops.
+
+        Returns the prompt followed by the new tokens, (S0 + n_new,) or (B, S0 + n_new) int64.
+        Runs in eval mode and restores the mode it found.
+        """
+        ids = np.asarray(prompt_ids)
+        one = ids.ndim == 1
+        ids = check_token_ids(ids[None] if one else ids, self.config.vocab_size,
+                              "prompt_ids").astype(np.int64)                 # (B, S0)
+        n_new = nonnegative_int(n_new, "n_new")
+        nonnegative_float(temperature, "temperature")       # before the cache is allocated
+        B, S0 = ids.shape
+        limit = self.max_positions
+        if limit is not None and S0 + n_new > limit:
+            raise ValueError(f"n_new: the prompt's {S0} tokens plus n_new={n_new} exceed the model's "
+                             f"max_len={limit} positions (it has no position embedding "
+                             f"past {limit - 1}); shorten the prompt or ask for at most "
+                             f"{limit - S0} new tokens")
+        rng = np.random.default_rng(seed)
+        out = np.empty((B, S0 + n_new), np.int64)
+        out[:, :S0] = ids
+        was_training = getattr(self, "training", False)
+        if hasattr(self, "eval"):
+            self.eval()
+        try:
+            kv = self.kv_cache(B, S0 + n_new) if use_cache and n_new else None
+            for t in range(S0, S0 + n_new):
+                if kv is None:                                    # no cache: the whole sequence again
+                    logits = self.forward(out[:, :t])[:, -1]                    # (B, V)
+                else:                                             # prefill once, then one position a step
+                    logits = self.decode(out[:, kv.length:t], kv)[:, -1]        # (B, V)
+                out[:, t] = sample_next(logits, temperature, rng)
+                if stop_at is not None and B == 1 and out[0, t] == stop_at:
+                    out = out[:, :t + 1]
+                    break
+        finally:
+            if hasattr(self, "train"):
+                self.train(was_training)
+        return out[0] if one else out
+
+
+class LanguageModel(Generator, Module):
     """What every trainable LM shares: the loss and one training step's gradients (with
     ``forward``, ``backward``, ``params`` and ``grads`` of its own)."""
 
@@ -215,6 +270,10 @@ class TinyLM(LanguageModel):
         self._cache = None
 
     @property
+    def max_positions(self):        # generate's limit: the positions with an embedding
+        return self.config.max_len
+
+    @property
     def params(self):
         out = dict(self.own)
         out.update({f"stack.{k}": v for k, v in self.stack.params.items()})
@@ -272,49 +331,6 @@ class TinyLM(LanguageModel):
         h0, _ = self.io.embed(self.own, tokens_new, kv.length, "tokens_new")       # positions t0 .. t0+n-1
         h = self.stack.decode(h0, kv)                                               # (B, n, D)
         return self.io.logits(self.own, h)[0]                                       # (B, n, V)
-
-    def generate(self, prompt_ids, n_new, temperature=0.0, seed=None, use_cache=True):
-        """Continue ``prompt_ids`` ((S0,) or (B, S0) ints) by ``n_new`` tokens.
-
-        temperature: 0 -> greedy (argmax of the logits); > 0 -> sampled from
-        softmax(logits / temperature), drawn from ``np.random.default_rng(seed)`` (deterministic given
-        the seed). use_cache: True decodes one position per step with a KV cache; False recomputes the
-        full forward of the whole sequence every step (the same tokens, for comparison).
-
-        Returns the prompt followed by the new tokens, (S0 + n_new,) or (B, S0 + n_new) int64. Needs
-        S0 + n_new <= max_len: the model has position embeddings for max_len positions, so the result
-        can be fed back to ``forward``. Runs in eval mode and restores the mode it found.
-        """
-        ids = np.asarray(prompt_ids)
-        one = ids.ndim == 1
-        ids = check_token_ids(ids[None] if one else ids, self.config.vocab_size,
-                              "prompt_ids").astype(np.int64)                 # (B, S0)
-        n_new = nonnegative_int(n_new, "n_new")
-        if not isinstance(temperature, (int, float, np.floating)) or not temperature >= 0:
-            raise ValueError(f"temperature: expected a number >= 0 (0 = greedy); got {temperature!r}")
-        B, S0 = ids.shape
-        if S0 + n_new > self.config.max_len:
-            raise ValueError(f"n_new: the prompt's {S0} tokens plus n_new={n_new} exceed the model's "
-                             f"max_len={self.config.max_len} positions (it has no position embedding "
-                             f"past {self.config.max_len - 1}); shorten the prompt or ask for at most "
-                             f"{self.config.max_len - S0} new tokens")
-        rng = np.random.default_rng(seed)
-        out = np.empty((B, S0 + n_new), np.int64)
-        out[:, :S0] = ids
-        was_training = self.stack.training
-        self.eval()
-        try:
-            kv = self.kv_cache(B, S0 + n_new) if use_cache and n_new else None
-            for t in range(S0, S0 + n_new):
-                if kv is None:                                    # no cache: the whole sequence again
-                    logits = self.forward(out[:, :t])[:, -1]                    # (B, V)
-                else:                                             # prefill once, then one position a step
-                    logits = self.decode(out[:, kv.length:t], kv)[:, -1]        # (B, V)
-                out[:, t] = sample_next(logits, temperature, rng)
-        finally:
-            self.train(was_training)
-        return out[0] if one else out
-
 
 
 def sample_next(logits, temperature, rng):  # (B, V) -> (B,) int64

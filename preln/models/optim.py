@@ -13,9 +13,11 @@
 
 Betas default to (0.9, 0.98), Xiong et al.'s setting.
 """
+import time
+
 import numpy as np
 
-__all__ = ["Adam", "warmup_lr", "clip_grad_norm", "global_norm", "train_step"]
+__all__ = ["Adam", "warmup_lr", "clip_grad_norm", "global_norm", "fit"]
 
 
 def warmup_lr(t, lr_max, warmup_steps=0, decay="constant"):
@@ -91,13 +93,49 @@ class Adam:
         return lr
 
 
-def train_step(model, batch, opt, t, recipe, who):
-    """Step t of the chapters' training recipe -> the loss: gradients of ``batch`` = (tokens,
-    targets), global-norm clipping at ``recipe["clip"]``, an ``opt`` step at the warm-up learning
-    rate. A non-finite loss raises FloatingPointError naming ``who`` and the step."""
-    loss, grads = model.loss_and_grads(*batch)
-    if not np.isfinite(loss):
-        raise FloatingPointError(f"{who}: training diverged at step {t} (loss {loss})")
-    clip_grad_norm(grads, recipe["clip"])
-    opt.step(grads, lr=warmup_lr(t, recipe["lr"], recipe["warmup"]))
-    return loss
+def fit(model, batches, opt, steps, lr, warmup=0, decay="constant", clip=None, *,
+        evaluate=None, eval_every=0, on_divergence="raise", who="fit"):
+    """The book's one training loop: ``steps`` steps of the next batch's gradients
+    (``model.loss_and_grads(tokens, targets)``), global-norm clipping at ``clip``, and an ``opt``
+    step at ``warmup_lr(t, lr, warmup, decay)``.
+
+    batches:  an iterator of (tokens, targets), e.g. :func:`preln.models.lm.batches`.
+    evaluate: a function of no argument -> a held-out loss, called at step 0, every ``eval_every``
+              steps and after the last step (None: never).
+    on_divergence: a non-finite loss or gradient norm "raise"s FloatingPointError naming ``who``
+              and the step, or "stop"s the loop (the log says "diverged"; its per-step lists are
+              padded with NaN to ``steps``).
+    Returns {"train_loss", "grad_norm" (before clipping), "eval_steps", "eval_loss", "diverged",
+    "seconds", "cpu_seconds"}.
+    """
+    if on_divergence not in ("raise", "stop"):
+        raise ValueError(f"on_divergence: expected 'raise' or 'stop'; got {on_divergence!r}")
+    log = {"train_loss": [], "grad_norm": [], "eval_steps": [], "eval_loss": [], "diverged": False}
+
+    def measure(t):
+        if evaluate is not None and (t == 0 or t == steps or (eval_every and t % eval_every == 0)):
+            log["eval_steps"].append(t)
+            log["eval_loss"].append(evaluate())
+
+    measure(0)
+    start, cpu = time.perf_counter(), time.process_time()
+    with np.errstate(all="ignore"):              # divergence is checked below, not warned about
+        for t in range(1, steps + 1):
+            loss, grads = model.loss_and_grads(*next(batches))
+            norm = clip_grad_norm(grads, clip)
+            if not (np.isfinite(loss) and np.isfinite(norm)):
+                if on_divergence == "raise":
+                    raise FloatingPointError(f"{who}: training diverged at step {t} "
+                                             f"(loss {loss}, gradient norm {norm})")
+                log["diverged"] = True
+                break
+            opt.step(grads, lr=warmup_lr(t, lr, warmup, decay))
+            log["train_loss"].append(float(loss))
+            log["grad_norm"].append(norm)
+            measure(t)
+    log["seconds"] = time.perf_counter() - start
+    log["cpu_seconds"] = time.process_time() - cpu
+    missing = steps - len(log["train_loss"])
+    log["train_loss"] += [float("nan")] * missing
+    log["grad_norm"] += [float("nan")] * missing
+    return log

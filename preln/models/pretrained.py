@@ -21,17 +21,17 @@ Each call returns a fresh copy (callers may modify it, e.g. inject outliers); th
 runs once per process and recipe (about 15 s on one BLAS thread).
 """
 import copy
-import time
 
 import numpy as np
 
 from preln.validation import nonnegative_int, positive_int
 
 from preln.models.lm import LMConfig, TinyLM, batches, cross_entropy_forward
-from preln.models.optim import Adam, train_step
+from preln.models.optim import Adam, fit
 from preln.models.corpus import load_corpus
 
-__all__ = ["RECIPE", "reference_lm", "reference_lm_log", "perplexity", "split_ids", "round_params"]
+__all__ = ["RECIPE", "reference_lm", "reference_lm_log", "train_lm", "mean_nll", "perplexity",
+           "held_out_loss", "split_ids", "round_params"]
 
 # The training recipe: small enough to train in seconds on one core, long enough that the model
 # has learnt the corpus's words (held-out perplexity near 2 characters, from 26 at initialisation).
@@ -55,18 +55,12 @@ def _train(norm_first, seed):
                    n_heads=r["n_heads"], d_ff=r["d_ff"], n_layers=r["n_layers"],
                    norm_first=norm_first, activation=r["activation"])
     lm = TinyLM(cfg, dtype=np.float64, seed=seed)
-    opt = Adam(lm.params, lr=r["lr"], betas=(0.9, 0.98), eps=1e-8)
-    it = batches(train_ids, r["batch_size"], r["seq_len"], seed=1000 + seed)
-    losses = []
-    start = time.perf_counter()
-    for t in range(1, r["steps"] + 1):
-        losses.append(train_step(lm, next(it), opt, t, r, "reference_lm"))   # (B, S) batches
-    seconds = time.perf_counter() - start
+    log = train_lm(lm, train_ids, r, seed)
     round_params(lm)
     lm.zero_grad()
     lm.eval()
-    log = {"recipe": dict(r, norm_first=norm_first, seed=seed), "train_loss": losses,
-           "seconds": seconds}
+    log = {"recipe": dict(r, norm_first=norm_first, seed=seed), "train_loss": log["train_loss"],
+           "seconds": log["seconds"]}
     return lm, vocab, val_ids, log
 
 
@@ -112,29 +106,72 @@ def reference_lm_log(norm_first=True, seed=0):
     return copy.deepcopy(_get(norm_first, seed)[3])
 
 
-def perplexity(model, ids, seq_len=64, max_windows=None, batch_size=64):
-    """exp(mean next-token cross-entropy) over non-overlapping windows of ``ids``.
-
-    model: anything that maps (B, S) int tokens to (B, S, V) logits (a TinyLM, a quantised one).
-    ids:   (N,) int token ids; windows of seq_len + 1 ids with stride seq_len, so every id after
-           the first of a window is predicted once from up to seq_len - 1 ids of context.
-    max_windows: use only the first so many windows (None: all that fit).
-    """
+def _windows(ids, seq_len, max_windows=None):
+    """(n, seq_len + 1) non-overlapping windows of ``ids`` (stride seq_len), at most max_windows."""
     ids = np.asarray(ids)
     if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
         raise ValueError(f"ids: expected a 1-D integer array; got shape {ids.shape}, dtype {ids.dtype}")
     seq_len = positive_int(seq_len, "seq_len")
     n = (ids.size - 1) // seq_len
     if max_windows is not None:
-        n = min(n, int(max_windows))
+        n = min(n, positive_int(max_windows, "max_windows"))
     if n < 1:
         raise ValueError(f"ids: expected at least seq_len + 1 = {seq_len + 1} ids; got {ids.size}")
-    starts = np.arange(n) * seq_len
-    windows = ids[starts[:, None] + np.arange(seq_len + 1)]          # (n, S + 1)
+    return ids[np.arange(n)[:, None] * seq_len + np.arange(seq_len + 1)]      # (n, S + 1)
+
+
+def mean_nll(model, ids, seq_len=64, max_windows=None, batch_size=64):
+    """Mean next-token cross-entropy (nats) over non-overlapping windows of ``ids``.
+
+    model: anything that maps (B, S) int tokens to (B, S, V) logits (a TinyLM, a quantised one).
+    ids:   (N,) int token ids; windows of seq_len + 1 ids with stride seq_len, so every id after
+           the first of a window is predicted once from up to seq_len - 1 ids of context.
+    max_windows: use only the first so many windows (None: all that fit).
+    """
+    windows = _windows(ids, seq_len, max_windows)
     total = 0.0
-    for i in range(0, n, batch_size):
+    for i in range(0, len(windows), batch_size):
         w = windows[i:i + batch_size]
         logits = np.asarray(model(w[:, :-1]), dtype=np.float64)       # (b, S, V)
         loss, _ = cross_entropy_forward(logits, w[:, 1:])
         total += float(loss) * w.shape[0]
-    return float(np.exp(total / n))
+    return total / len(windows)
+
+
+def perplexity(model, ids, seq_len=64, max_windows=None, batch_size=64):
+    """exp(:func:`mean_nll`): the book's perplexity of ``model`` on ``ids`` (same arguments)."""
+    return float(np.exp(mean_nll(model, ids, seq_len, max_windows, batch_size)))
+
+
+def held_out_loss(model, ids, seq_len, n_windows):
+    """:func:`mean_nll` over the first ``n_windows`` windows, in eval mode (the mode is restored)."""
+    was_training = model.training if hasattr(model, "training") else model.stack.training
+    model.eval()
+    try:
+        return mean_nll(model, ids, seq_len, n_windows)
+    finally:
+        model.train(was_training)
+
+
+def train_lm(model, train_ids, recipe, seed, val_ids=None, eval_every=0, eval_windows=32):
+    """The reference LM's recipe for any model with ``params``, ``loss_and_grads``, ``train`` and
+    ``eval`` (a TinyLM, a LlamaLM): :func:`preln.models.optim.fit` for ``recipe["steps"]`` Adam
+    steps (betas 0.9, 0.98, eps 1e-8) at the warm-up rate, clipped at ``recipe["clip"]``, on the
+    batches ``batches(train_ids, batch_size, seq_len, seed=1000 + seed)``, with the held-out loss
+    every ``eval_every`` steps (0: never) over ``eval_windows`` windows of ``val_ids``.
+
+    Returns :func:`~preln.models.optim.fit`'s log ("val_steps"/"val_loss" are its eval lists).
+    """
+    r = recipe
+    opt = Adam(model.params, lr=r["lr"], betas=(0.9, 0.98), eps=1e-8)
+    evaluate = None
+    if val_ids is not None and eval_every:
+        def evaluate():
+            return held_out_loss(model, val_ids, r["seq_len"], eval_windows)
+    model.train()
+    log = fit(model, batches(train_ids, r["batch_size"], r["seq_len"], seed=1000 + seed), opt,
+              r["steps"], r["lr"], r["warmup"], clip=r["clip"], evaluate=evaluate,
+              eval_every=eval_every, who="train_lm")
+    log["val_steps"], log["val_loss"] = log["eval_steps"], log["eval_loss"]
+    model.eval()
+    return log

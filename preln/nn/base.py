@@ -1,54 +1,123 @@
-"""What every block family shares: the residual equations, written once, and the plumbing.
+"""What every block family shares: the sublayer protocol, the residual stream, and the plumbing.
 
-:func:`block_equations` is the one statement of a block's forward -- Pre-norm
-``x1 = x + Attn(N1(x)); y = x1 + MLP(N2(x1))`` or Post-norm ``x1 = N1(x + Attn(x));
-y = N2(x1 + MLP(x1))`` -- over *parts* that say how each sublayer is computed, as nanoGPT's
-``Block`` is built from ``LayerNorm``, ``CausalSelfAttention`` and ``MLP``. A part object has
+A block's ``forward`` is its equations over this pass's sublayers, as nanoGPT's ``Block`` is
+written over ``LayerNorm``, ``CausalSelfAttention`` and ``MLP``:
 
-    norm(i, x)              -> (N_i(x), cache)
-    attention(h)            -> (a, cache)      the sublayer's output (a fused part may leave out
-                                               the last bias, for add / add_norm to add)
-    mlp(h)                  -> (m, cache)      likewise
-    add_norm(i, x, a, j)    -> (r, N_j(r), cache)   r = x + a (residual i), then norm j
-    add(i, x, a)            -> x + a           residual i
+    Pre-norm:   h = x + attn(ln1(x));   y = h + mlp(ln2(h))
+    Post-norm:  h = ln1(x + attn(x));   y = ln2(h + mlp(h))
 
-so the op-by-op path (with the overflow tracer), the fused kernels, the quantised linears and the
-paged KV store are parts (:mod:`preln.nn.block`, :mod:`preln.nn.llama`), never copies of the
-equations. :func:`block_backward` is the backward read from the bottom up, over the same parts.
+and its ``backward`` is those lines read from the bottom up. A :class:`Sublayer` computes one
+term: ``out = sublayer(x)`` keeps what its backward needs in ``sublayer.cache``, and
+``sublayer.backward(dout, cache)`` returns dL/dx, adding dL/dparam into the block's ``grads``.
+Variants swap a sublayer's implementation, never the equations: the op-by-op one (every op its own
+numpy call, watched by the overflow tracer), the fused kernels, a quantised model's linears.
+
+The residual stream. A sublayer's output enters it as a :class:`Branch`, and ``x + branch`` is a
+:class:`Residual` -- the sum, computed when it is first needed. A fused norm right after it takes
+it whole and adds it inside its own kernel (the residual add, the sublayer's last bias and the norm
+in one pass over memory); anything else reads the sum with :func:`added`, which adds it as the
+sublayer says (with the tracer watching, or a fused bias + residual kernel).
+
+:func:`block_equations` states the same forward over *parts* objects (``norm(i, x)``,
+``attention(h)``, ``mlp(h)``, ``add``, ``add_norm``), for :class:`preln.nn.block.Reference`, the
+eval-mode block whose linears and attention core a caller swaps (INT8 linears, a paged KV store).
 
 :class:`BlockBase` holds the plumbing of :class:`preln.TransformerBlock` and :class:`preln.LlamaBlock`:
-construction, train/eval, gradients, the strict state dict, the cache's bytes, the decode checks.
+construction, train/eval, gradients, the strict state dict, the cache's bytes, decoding.
 :class:`KVStore` is the preallocated keys and values both families' KV caches are.
 """
-import sys
 from collections import namedtuple
 
 import numpy as np
 
-from preln.ops.attention import (AttentionCache, attention_forward, flash_attention_forward,
-                                 flash_attention_train)
 from preln.precision import Watch, resolve_dtype, resolve_policy
 from preln.validation import (check_bool, check_choice, check_float_array, check_input, check_seed,
                               check_same_shape, check_state_keys, positive_int)
 
-__all__ = ["block_equations", "block_backward", "block_cache_type", "Module", "BlockBase", "KVStore",
-           "ATTENTIONS"]
+__all__ = ["Sublayer", "Norm", "Branch", "Residual", "added", "block_equations", "block_cache_type",
+           "Module", "BlockBase", "KVStore", "ATTENTIONS"]
 
 #: the attention choices of a block: tiled in eval mode and plain in training mode, or either always
 ATTENTIONS = ("auto", "plain", "tiled")
 
 
-def block_cache_type(name, norm1, norm2):
+def block_cache_type(name, norm1, norm2, module):
     """The NamedTuple a family's forward keeps for its backward, its norms' caches named as the
     family names its norms: (shape, norm1, attn, norm2, mlp, fused). ``fused``: the forward ran
-    the fused kernels, so the backward takes the fused ones too."""
-    # the caller's module, as namedtuple itself finds it: a cache must pickle (the grader sends blocks)
-    module = sys._getframe(1).f_globals.get("__name__")
+    the fused kernels, so the backward takes the fused ones too. ``module``: the defining module's
+    ``__name__``, where pickle finds the type (a cache must pickle: the grader sends blocks)."""
     return namedtuple(name, ["shape", norm1, "attn", norm2, "mlp", "fused"], defaults=(False,), module=module)
 
 
+# ---- sublayers and the residual stream ---------------------------------------------------------
+class Sublayer:
+    """One sublayer of a block for one pass. ``out = sublayer(x)`` keeps ``self.cache`` for the
+    backward; ``sublayer.backward(dout, cache)`` returns dL/dx and adds dL/dparam into the block's
+    ``grads``. ``watch`` names the ops for the overflow tracer; ``fused``: the fused kernels run."""
+
+    def __init__(self, block, watch=None, fused=False):
+        self.block, self.policy, self.fused = block, block.policy, fused
+        self.watch = Watch() if watch is None else watch
+        self.cache = None
+
+    def grad(self, name, g):
+        self.block.grads[name] += g   # gradients add up over backward calls, as in PyTorch
+
+    def branch(self, out, residual):
+        """``out`` on its way into the residual stream; ``x + branch`` is the sum the tracer
+        watches as ``residual``."""
+        return Branch(out, lambda x, a: self.watch(residual, x + a, x, a))
+
+
+class Norm(Sublayer):
+    """A block's norm; ``name``: its parameters' prefix (``norm1``, ``input_layernorm``, ...).
+    ``backward(dy, cache, dskip)`` adds ``dskip``, the gradient of the residual its input also
+    feeds (None: none)."""
+
+    def __init__(self, block, name, watch=None, fused=False):
+        super().__init__(block, watch, fused)
+        self.name = name
+
+
+class Branch:
+    """A sublayer's output entering the residual stream: ``x + branch`` is a :class:`Residual`.
+    ``add(x, out)`` computes the sum; ``bias``: the sublayer's last bias when ``out`` leaves it out
+    for the sum's kernel to add (the fused path), else None."""
+
+    __array_ufunc__ = None      # ndarray + Branch: numpy leaves the sum to Branch.__radd__
+
+    def __init__(self, out, add, bias=None):
+        self.out, self.add, self.bias = out, add, bias
+
+    def __radd__(self, x):
+        return Residual(x, self)
+
+
+class Residual:
+    """``x + branch``, computed when first needed: by a fused norm after it, in its own kernel (it
+    stores the sum in ``sum``), or by :func:`added`."""
+
+    __array_ufunc__ = None
+
+    def __init__(self, x, branch):
+        self.x, self.branch, self.sum = x, branch, None
+
+    def __add__(self, branch):  # h + mlp(...): the next residual, on this one's sum
+        return added(self) + branch
+
+
+def added(v):  # a Residual -> its sum, an array; an array as it is
+    """The value of ``v``: a :class:`Residual`'s sum (added now unless a fused norm already did)."""
+    if not isinstance(v, Residual):
+        return v
+    if v.sum is None:
+        v.sum = v.branch.add(v.x, v.branch.out)
+    return v.sum
+
+
 def block_equations(x, parts, norm_first=True):  # (..., D) -> (..., D), (n1, attn, n2, mlp)
-    """The block's forward, once for every variant: ``parts`` computes the sublayers."""
+    """The block's forward over ``parts`` (see the module docstring): what
+    :class:`preln.nn.block.Reference` computes, for the INT8 and paged variants."""
     if norm_first:                                            # Pre-norm
         h1, n1 = parts.norm(1, x)                             # h1 = N1(x)
         a, attn = parts.attention(h1)                         # a  = Attn(h1)
@@ -61,22 +130,6 @@ def block_equations(x, parts, norm_first=True):  # (..., D) -> (..., D), (n1, at
         m, mlp = parts.mlp(x1)                                # m  = MLP(x1)
         _, y, n2 = parts.add_norm(2, x1, m, 2)                # y  = N2(x1 + m)
     return y, (n1, attn, n2, mlp)
-
-
-def block_backward(dy, c, parts, norm_first=True):  # (B, S, D) -> (B, S, D)
-    """The backward of :func:`block_equations`, bottom up. ``parts.norm_backward(i, dh, cache,
-    dres)`` returns dres + dL/dx through norm i (dres None: the norm's alone); the sublayers'
-    backwards return dL/d(their input). ``c``: the block's cache, (shape, n1, attn, n2, mlp, ...)."""
-    _, n1, attn, n2, mlp = c[:5]
-    if norm_first:                                            # Pre-norm
-        dh2 = parts.mlp_backward(dy, mlp)                   # y  = x1 + MLP(h2)
-        dx1 = parts.norm_backward(2, dh2, n2, dy)          # h2 = N2(x1), x1 also feeds y
-        dh1 = parts.attention_backward(dx1, attn)           # x1 = x + Attn(h1)
-        return parts.norm_backward(1, dh1, n1, dx1)        # h1 = N1(x), x also feeds x1
-    dr2 = parts.norm_backward(2, dy, n2, None)             # y  = N2(r2)
-    dx1 = dr2 + parts.mlp_backward(dr2, mlp)                # r2 = x1 + MLP(x1)
-    dr1 = parts.norm_backward(1, dx1, n1, None)            # x1 = N1(r1)
-    return dr1 + parts.attention_backward(dr1, attn)        # r1 = x + Attn(x)
 
 
 class KVStore:
@@ -175,6 +228,7 @@ class BlockBase(Module):
     config_type = None
     kv_type = None
     default_dtype = np.float32
+    _kv = None                    # the KV cache of a decode step, while it runs (see decode)
 
     def __init__(self, config, dtype=None, seed=0, policy="safe", check_finite=False, trace=False,
                  attention="auto", fused=True):
@@ -239,30 +293,9 @@ class BlockBase(Module):
     def _watch(self):
         return Watch(enabled=self.trace, raise_error=self.check_finite)
 
-    def _tiled(self):
+    def tiled(self):
+        """Whether this pass's attention runs tiled: ``attention="tiled"``, or "auto" in eval mode."""
         return self.attention == "tiled" or (self.attention == "auto" and not self.training)
-
-    def _sdpa(self, q, k, v, kpm, causal, watch, kv, fused, drop_p=0.0, rng=None):  # -> o, cache
-        """The attention core of both families, on (B, heads, S, d_h) q, k, v: with ``kv`` a decode
-        step (the new keys and values join the cache, the queries read it all; nothing kept for a
-        backward), tiled in training (FlashAttention-2: keeps O and the log-sum-exp, dropout redrawn
-        per tile from a seed), in eval mode the tiled kernel (never holds the (B, H, S, S) scores;
-        the backward recomputes P), else the plain one (keeps P; dropout on it in training)."""
-        pol, w = self.policy, watch.scope("attn")
-        if kv is not None:
-            t0 = kv.length
-            k_all, v_all = kv.append(k, v)                        # (B, heads, t0 + n, d_h), views
-            return flash_attention_forward(q, k_all, v_all, None, True, pol, w, q_offset=t0), None
-        if self._tiled() and self.training:                       # O and L only; P recomputed per tile
-            seed = int(rng.integers(2 ** 63)) if drop_p > 0 else 0    # the dropout tiles' seed
-            return flash_attention_train(q, k, v, kpm, causal, drop_p, seed, pol)
-        if self._tiled():
-            o = flash_attention_forward(q, k, v, kpm, causal, pol, w)
-            return o, AttentionCache(q, k, v, None, None, 0.0, kpm, causal, pol)
-        return attention_forward(q, k, v, kpm, causal, drop_p, rng, pol, w, fused=fused)
-
-    def _accumulate(self, name, grad):
-        self.grads[name] += grad   # gradients add up over backward calls, as in PyTorch
 
     def _backward_input(self, dy):  # -> the last forward's cache, dy in the block's dtype
         if self._cache is None:
@@ -283,6 +316,26 @@ class BlockBase(Module):
         self._check_causal("kv_cache")
         dtype = self.dtype if dtype is None else resolve_dtype(dtype)
         return self.kv_type(batch, max_len, getattr(self.config, self.kv_heads[0]), self.config.d_head, dtype)
+
+    def decode(self, x_new, kv):
+        """Run the block on the next n positions of B sequences, given a KV cache
+        (``block.kv_cache(batch, max_len)``) of the positions before them; x_new: (B, n, D), n >= 1
+        -> y_new: (B, n, D).
+
+        It is ``forward`` on the n positions with the attention reading and extending ``kv``
+        (``kv.length`` grows by n; a Llama block rotates them at positions ``kv.length ..
+        kv.length + n - 1``). Eval mode only, causal blocks only, no padding mask (every sequence
+        of the batch is at the same position). Nothing is kept for a backward: ``block.backward``
+        still differentiates the last ``forward``.
+        """
+        x = self._check_decode(x_new, kv)                         # (B, n, D)
+        kept, self._kv = self._cache, kv                          # forward's attention reads kv
+        try:
+            y = self.forward(x)
+        finally:
+            self._kv, self._cache = None, kept
+        kv.length += x.shape[1]                                   # only once the step has succeeded
+        return y
 
     def _check_decode(self, x_new, kv):  # -> x_new as (B, n, D) in the block's dtype
         self._check_causal("decode")

@@ -33,22 +33,23 @@ Default initialisation is PyTorch's:
     linear2.weight, .bias      U(+-1/sqrt(F))
     norm1, norm2               weight 1, bias 0
 """
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
 
-from preln.nn.base import BlockBase, KVStore, block_backward, block_cache_type, block_equations
+from preln.nn.base import BlockBase, Branch, KVStore, Norm, Residual, Sublayer, added, block_cache_type
 from preln.validation import check_input, check_mask, positive_int
 from preln.nn.config import BlockConfig
 from preln.ops import (activation_backward, activation_forward, attention_backward, attention_forward,
-                  dropout_backward, dropout_forward, layer_norm_backward, layer_norm_forward,
-                  linear_backward, linear_forward, merge_heads, split_heads)
+                       dropout_backward, dropout_forward, layer_norm_backward, layer_norm_forward,
+                       linear_backward, linear_forward, merge_heads, sdpa, split_heads)
 from preln.ops.fused import FUSED_DTYPES, add_layer_norm, bias_gelu, bias_residual, gelu_backward
 from preln.ops.fused import layer_norm as fused_layer_norm
-from preln.precision import SAFE, Watch
+from preln.precision import SAFE
 
 __all__ = ["TransformerBlock", "PreLNTransformerBlock", "KVCache", "param_shapes", "init_params",
-           "default_heads", "OpByOp", "Fused", "Reference", "LINEAR_PARAMS"]
+           "default_heads", "LayerNorm", "MultiheadAttention", "MLP", "Reference", "LINEAR_PARAMS"]
 
 
 def param_shapes(config):
@@ -106,7 +107,7 @@ class MLPCache(NamedTuple):
 
 #: (shape, ln1, attn, ln2, mlp, fused): the input's (B, S, D), the LayerNorm caches, an
 #: AttnBlockCache, an MLPCache, whether the fused kernels ran
-BlockCache = block_cache_type("BlockCache", "ln1", "ln2")
+BlockCache = block_cache_type("BlockCache", "ln1", "ln2", __name__)
 
 
 class KVCache(KVStore):
@@ -125,75 +126,146 @@ class KVCache(KVStore):
         return self._repr("n_heads")
 
 
-# ---- the parts of block_equations ----------------------------------------------------------------
+#: the block's four linear layers: name -> (weight, bias) parameter names
+LINEAR_PARAMS = {"in_proj": ("self_attn.in_proj_weight", "self_attn.in_proj_bias"),
+                 "out_proj": ("self_attn.out_proj.weight", "self_attn.out_proj.bias"),
+                 "linear1": ("linear1.weight", "linear1.bias"),
+                 "linear2": ("linear2.weight", "linear2.bias")}
+
+
+# ---- the sublayers ------------------------------------------------------------------------------
+class LayerNorm(Norm):
+    """norm1 or norm2: LN(x) = (x - mean) / sqrt(var + eps) gamma + beta over D. Fused, after a
+    residual sum: the sum, the bias its sublayer left out and the LayerNorm in one kernel."""
+
+    def __call__(self, x):  # (B, S, D) or a Residual -> (B, S, D)
+        b = self.block
+        gamma, beta, eps = b.params[f"{self.name}.weight"], b.params[f"{self.name}.bias"], b.config.eps
+        if self.fused and isinstance(x, Residual):          # r = x + (a0 + bias), LN(r): one pass
+            x.sum, y, self.cache = add_layer_norm(x.x, x.branch.out, x.branch.bias, gamma, beta, eps)
+            return y
+        x = added(x)
+        if self.fused:
+            y, self.cache = fused_layer_norm(x, gamma, beta, eps)
+            return y
+        y, self.cache = layer_norm_forward(x, gamma, beta, eps, self.policy, self.watch.scope(self.name))
+        return self.watch(self.name, y, x)
+
+    def backward(self, dy, cache, dskip=None):  # -> dL/dx, plus dskip when x feeds a residual too
+        dx, dgamma, dbeta = layer_norm_backward(dy, cache, self.policy)
+        self.grad(f"{self.name}.weight", dgamma)
+        self.grad(f"{self.name}.bias", dbeta)
+        return dx if dskip is None else dskip + dx
+
+
+class _Branch(Sublayer):
+    """What attention and the MLP share: the block's dropout in training, and their last bias --
+    added by their last linear, or by the fused residual kernel after them (``fused``), or, with
+    ``last_bias`` False, by someone else (a tensor-parallel shard adds it once, after the sum)."""
+
+    last_bias = True
+
+    def __init__(self, block, watch=None, fused=False):
+        super().__init__(block, watch, fused)
+        self.p_drop = block.config.dropout if block.training else 0.0
+
+    def into_residual(self, out, residual, last):  # last: the last linear, out_proj or linear2
+        if not self.fused:
+            return self.branch(out, residual)
+        bias = self.block.params[LINEAR_PARAMS[last][1]]
+        return Branch(out, partial(bias_residual, b=bias), bias)      # x + (a0 + b), one pass
+
+    def last_backward(self, da, drop_mask, cache, last):  # -> dL/d(the last linear's input)
+        """The backward of the sublayer's end: its dropout and its last linear."""
+        da = dropout_backward(da, drop_mask, self.block.config.dropout)
+        dx, dw, db = linear_backward(da, cache, self.policy)          # out = x W^T + b
+        w, b = LINEAR_PARAMS[last]
+        self.grad(w, dw)
+        if self.last_bias:
+            self.grad(b, db)
+        return dx
+
+
+class MultiheadAttention(_Branch):
+    """Attn(h) of nn.MultiheadAttention: qkv = h W_in^T + b_in, H heads of scaled dot-product
+    attention (:func:`preln.ops.sdpa`), a = o W_out^T + b_out, dropout1. Fused: the plain path's
+    softmax is one kernel and b_out is left to the residual's kernel."""
+
+    def __init__(self, block, watch=None, fused=False, key_padding_mask=None, kv=None):
+        super().__init__(block, watch, fused)
+        self.kpm, self.kv = key_padding_mask, kv
+
+    def __call__(self, h):  # (B, S, D) -> Attn(h), a Branch of the residual stream
+        b, w, pol = self.block, self.watch, self.policy
+        p, cfg = b.params, b.config
+        qkv, c_in = linear_forward(h, p["self_attn.in_proj_weight"], p["self_attn.in_proj_bias"], pol)
+        w("attn.in_proj", qkv, h)                                                # (B, S, 3D)
+        q, k, v = (split_heads(t, cfg.n_heads) for t in np.split(qkv, 3, axis=-1))  # 3 x (B, H, S, d_h)
+        o, c_sdpa = sdpa(q, k, v, self.kpm, cfg.causal, pol, w.scope("attn"), tiled=b.tiled(),
+                         training=b.training, dropout_p=self.p_drop, rng=b.rng, fused=self.fused, kv=self.kv)
+        o = merge_heads(o)                                                       # (B, S, D)
+        b_out = p["self_attn.out_proj.bias"] if self.last_bias and not self.fused else None
+        a, c_out = linear_forward(o, p["self_attn.out_proj.weight"], b_out, pol)
+        w("attn.out_proj", a, o)
+        a, mask = dropout_forward(a, self.p_drop, b.rng)                         # dropout1
+        self.cache = AttnBlockCache(c_in, c_sdpa, c_out, mask)
+        return self.into_residual(a, "residual1", "out_proj")
+
+    def backward(self, da, c):  # (B, S, D) -> (B, S, D)
+        H, pol = self.block.config.n_heads, self.policy
+        do = self.last_backward(da, c.drop_mask, c.out_proj, "out_proj")        # a = dropout1(o W_out^T + b)
+        dqkv = np.empty(do.shape[:-1] + (3 * do.shape[-1],), dtype=do.dtype)     # (B, S, 3D), as qkv
+        dq, dk, dv = (split_heads(t, H) for t in np.split(dqkv, 3, axis=-1))    # 3 views (B, H, S, d_h)
+        attention_backward(split_heads(do, H), c.sdpa, out=(dq, dk, dv),        # o = attn(q, k, v)
+                           fused=self.fused)
+        dh, dw, db = linear_backward(dqkv, c.in_proj, pol)                       # qkv = h W_in^T + b
+        self.grad("self_attn.in_proj_weight", dw)
+        self.grad("self_attn.in_proj_bias", db)
+        return dh
+
+
+class MLP(_Branch):
+    """MLP(h) = dropout2(linear2(dropout(act(linear1(h))))). Fused: bias + GELU in one kernel and
+    linear2's bias left to the residual's kernel; ``keep=False`` (decoding) keeps nothing."""
+
+    def __init__(self, block, watch=None, fused=False, keep=True):
+        super().__init__(block, watch, fused)
+        self.keep = keep
+
+    def __call__(self, h):  # (B, S, D) -> MLP(h), a Branch of the residual stream
+        b, pol, w = self.block, self.policy, self.watch
+        p, cfg = b.params, b.config
+        if self.fused and cfg.activation == "gelu":                              # bias + GELU in one pass
+            u0, c1 = linear_forward(h, p["linear1.weight"], None, pol)           # (B, S, F)
+            g, c_act = bias_gelu(u0, p["linear1.bias"], self.keep)               # keeps u, Phi(u) to train
+        else:
+            u, c1 = linear_forward(h, p["linear1.weight"], p["linear1.bias"], pol)   # (B, S, F)
+            w("mlp.linear1", u, h)
+            g, c_act = activation_forward(u, cfg.activation)
+            w(f"mlp.{cfg.activation}", g, u)
+        g, hidden_mask = dropout_forward(g, self.p_drop, b.rng)                  # dropout
+        b2 = p["linear2.bias"] if self.last_bias and not self.fused else None
+        z, c2 = linear_forward(g, p["linear2.weight"], b2, pol)                  # (B, S, D)
+        w("mlp.linear2", z, g)
+        z, mask = dropout_forward(z, self.p_drop, b.rng)                         # dropout2
+        self.cache = MLPCache(c1, c_act, hidden_mask, c2, mask)
+        return self.into_residual(z, "residual2", "linear2")
+
+    def backward(self, dz, c):  # (B, S, D) -> (B, S, D)
+        p_drop, pol = self.block.config.dropout, self.policy
+        dg = self.last_backward(dz, c.drop_mask, c.linear2, "linear2")          # z = dropout2(g W2^T + b2)
+        dg = dropout_backward(dg, c.hidden_mask, p_drop)                         # dropout
+        if self.fused and c.act.kind == "gelu":
+            du = gelu_backward(dg, c.act)                                        # g = u Phi(u), one pass
+        else:
+            du = activation_backward(dg, c.act)                                  # g = act(u)
+        dh, dw, db = linear_backward(du, c.linear1, pol)                         # u = h W1^T + b1
+        self.grad("linear1.weight", dw)
+        self.grad("linear1.bias", db)
+        return dh
+
+
 _NORMS = {1: "norm1", 2: "norm2"}
-#: the bias of the linear before residual i: a fused kernel adds it together with the residual
-_LAST_BIAS = {1: "self_attn.out_proj.bias", 2: "linear2.bias"}
-
-
-class OpByOp:
-    """A TransformerBlock's parts with every op its own numpy call, each output watched (the
-    overflow tracer names the op); any dtype, policy and dropout."""
-
-    fused = False
-
-    def __init__(self, block, kpm=None, watch=None, kv=None):
-        self.block, self.kpm, self.kv = block, kpm, kv
-        self.watch = Watch() if watch is None else watch
-
-    def norm(self, i, x):
-        return self.block._norm(_NORMS[i], x, self.watch)
-
-    def attention(self, h):
-        return self.block._attention(h, self.kpm, self.watch, self.kv)
-
-    def mlp(self, h):
-        return self.block._mlp(h, self.watch)
-
-    def add(self, i, x, a):
-        return self.watch(f"residual{i}", x + a, x, a)
-
-    def add_norm(self, i, x, a, j):
-        r = self.add(i, x, a)
-        h, cache = self.norm(j, r)
-        return r, h, cache
-
-    # the backward's parts
-    def norm_backward(self, i, dh, cache, dres):
-        dx = self.block._norm_backward(_NORMS[i], dh, cache)
-        return dx if dres is None else dres + dx
-
-    def attention_backward(self, da, cache):
-        return self.block._attention_backward(da, cache, self.fused)
-
-    def mlp_backward(self, dm, cache):
-        return self.block._mlp_backward(dm, cache, self.fused)
-
-
-class Fused(OpByOp):
-    """The parts with every memory-bound chain one kernel of :mod:`preln.ops.fused`: the residual
-    add with the LayerNorm after it and the bias of the linear before it, bias + GELU, the softmax,
-    the last bias with the residual add. Attention and MLP leave their last bias to add / add_norm."""
-
-    fused = True
-
-    def norm(self, i, x):
-        p = self.block.params
-        return fused_layer_norm(x, p[f"{_NORMS[i]}.weight"], p[f"{_NORMS[i]}.bias"], self.block.config.eps)
-
-    def attention(self, h):                                   # Attn(h) - b_out
-        return self.block._attention(h, self.kpm, self.watch, self.kv, fused=True)
-
-    def mlp(self, h):                                         # MLP(h) - b2
-        return self.block._mlp_fused(h, keep=self.kv is None)
-
-    def add(self, i, x, a0):                                  # x + a0 + b, one pass
-        return bias_residual(x, a0, self.block.params[_LAST_BIAS[i]])
-
-    def add_norm(self, i, x, a0, j):                          # r = x + a0 + b, N_j(r), one pass
-        p = self.block.params
-        return add_layer_norm(x, a0, p[_LAST_BIAS[i]], p[f"{_NORMS[j]}.weight"],
-                              p[f"{_NORMS[j]}.bias"], self.block.config.eps)
 
 
 class Reference:
@@ -253,13 +325,6 @@ class Reference:
         return (r, *self.norm(j, r))
 
 
-#: the block's four linear layers: name -> (weight, bias) parameter names
-LINEAR_PARAMS = {"in_proj": ("self_attn.in_proj_weight", "self_attn.in_proj_bias"),
-                 "out_proj": ("self_attn.out_proj.weight", "self_attn.out_proj.bias"),
-                 "linear1": ("linear1.weight", "linear1.bias"),
-                 "linear2": ("linear2.weight", "linear2.bias")}
-
-
 class TransformerBlock(BlockBase):
     """One Pre-LN or Post-LN encoder block with PyTorch's ``nn.TransformerEncoderLayer`` parameters
     and semantics (https://pytorch.org/docs/stable/generated/torch.nn.TransformerEncoderLayer.html);
@@ -281,7 +346,7 @@ class TransformerBlock(BlockBase):
     shapes_of, init_of = staticmethod(param_shapes), staticmethod(init_params)
     kv_heads = ("n_heads", "H")
 
-    # ---- forward ---------------------------------------------------------------------------------
+    # ---- forward: the block's equations over this pass's sublayers ------------------------------
     def __call__(self, x, key_padding_mask=None):
         return self.forward(x, key_padding_mask)
 
@@ -290,56 +355,33 @@ class TransformerBlock(BlockBase):
         self._cache = None                                        # a forward that raises leaves no cache
         x = check_input(x, self.config.d_model, self.dtype)      # (B, S, D)
         kpm = check_mask(key_padding_mask, x.shape)
-        watch = self._watch()
+        watch, fused = self._watch(), self.fuses()
+        ln1, attn, ln2, mlp = self.sublayers(watch, fused, kpm, self._kv)
         with np.errstate(all="ignore"):   # non-finite values are the Watch's to report
-            y, cache = self._layers(x, kpm, watch)
+            if self.config.norm_first:                            # Pre-LN
+                h = x + attn(ln1(x))
+                y = h + mlp(ln2(h))
+            else:                                                 # Post-LN
+                h = ln1(x + attn(x))
+                y = ln2(h + mlp(h))
+            y = added(y)                                          # Pre-LN's last sum, (B, S, D)
         self.overflow = watch.first
-        self._cache = cache
+        self._cache = BlockCache(x.shape, ln1.cache, attn.cache, ln2.cache, mlp.cache, fused=fused)
         return y
 
-    def _layers(self, x, kpm, watch, kv=None):  # (B, S, D) -> (B, S, D), BlockCache
-        """The block's equations over the fused or the op-by-op parts; with ``kv`` the attention
-        reads and extends a KV cache."""
-        fused = self.fuses()
-        parts = (Fused if fused else OpByOp)(self, kpm, watch, kv)
-        y, caches = block_equations(x, parts, self.config.norm_first)
-        return y, BlockCache(x.shape, *caches, fused=fused)
+    def sublayers(self, watch=None, fused=False, key_padding_mask=None, kv=None):
+        """(ln1, attn, ln2, mlp) for one pass: the fused kernels or every op its own call, the
+        attention reading and extending ``kv`` when decoding."""
+        return (LayerNorm(self, "norm1", watch, fused),
+                MultiheadAttention(self, watch, fused, key_padding_mask, kv),
+                LayerNorm(self, "norm2", watch, fused),
+                MLP(self, watch, fused, keep=kv is None))
 
     def fuses(self):
         """Whether the next forward (or decode) runs the fused kernels: ``fused`` is on, the dtype
         is float32 or float64, the policy is the safe one, no tracer, no dropout in this mode."""
         return (self.fused and self.dtype in FUSED_DTYPES and self.policy == SAFE
-                and not (self.trace or self.check_finite) and self._drop_p() == 0)
-
-    def _mlp_fused(self, h, keep):  # (B, S, D) -> (B, S, D) without linear2's bias
-        p, cfg, pol = self.params, self.config, self.policy
-        if cfg.activation == "gelu":                              # bias + GELU in one pass
-            u0, c1 = linear_forward(h, p["linear1.weight"], None, pol)               # (B, S, F)
-            g, c_act = bias_gelu(u0, p["linear1.bias"], keep)     # keep u and Phi(u) for a backward
-        else:
-            u, c1 = linear_forward(h, p["linear1.weight"], p["linear1.bias"], pol)   # (B, S, F)
-            g, c_act = activation_forward(u, cfg.activation)
-        m0, c2 = linear_forward(g, p["linear2.weight"], None, pol)                   # (B, S, D)
-        return m0, MLPCache(c1, c_act, None, c2, None)
-
-    # ---- decoding with a KV cache ----------------------------------------------------------------
-    def decode(self, x_new, kv):
-        """Run the block on the next n positions of B sequences, given a
-        :class:`preln.nn.block.KVCache` of the positions before them; x_new: (B, n, D), n >= 1 ->
-        y_new: (B, n, D).
-
-        Appends the n positions' keys and values to ``kv`` (``kv.length`` grows by n). Eval mode
-        only, causal blocks only, no padding mask (every sequence of the batch is at the same
-        position). Nothing is kept for a backward: ``block.backward`` still differentiates the
-        last ``forward``.
-        """
-        x = self._check_decode(x_new, kv)                         # (B, n, D)
-        watch = self._watch()
-        with np.errstate(all="ignore"):
-            y, _ = self._layers(x, None, watch, kv)
-        self.overflow = watch.first
-        kv.length += x.shape[1]                                   # only once the step has succeeded
-        return y
+                and not (self.trace or self.check_finite) and not (self.training and self.config.dropout))
 
     def _check_causal(self, name):
         if not self.config.causal:
@@ -347,86 +389,19 @@ class TransformerBlock(BlockBase):
                              "is bidirectional, so every position reads every later one and a cache "
                              "of earlier positions is not enough")
 
-    def _norm(self, name, x, watch):
-        p = self.params
-        y, cache = layer_norm_forward(x, p[f"{name}.weight"], p[f"{name}.bias"], self.config.eps,
-                                      self.policy, watch.scope(name))
-        return watch(name, y, x), cache
-
-    def _drop_p(self):
-        return self.config.dropout if self.training else 0.0
-
-    def _attention(self, h, kpm, watch, kv=None, fused=False):  # (B, S, D) -> (B, S, D)
-        """Attn(h); with ``fused`` the plain path's softmax is the fused kernel and the output
-        projection leaves its bias for the caller's fused kernel to add."""
-        p, cfg, pol = self.params, self.config, self.policy
-        qkv, c_in = linear_forward(h, p["self_attn.in_proj_weight"], p["self_attn.in_proj_bias"], pol)
-        watch("attn.in_proj", qkv, h)                             # (B, S, 3D)
-        q, k, v = (split_heads(t, cfg.n_heads) for t in np.split(qkv, 3, axis=-1))  # 3 x (B, H, S, d_h)
-        o, c_sdpa = self._sdpa(q, k, v, kpm, cfg.causal, watch, kv, fused, self._drop_p(), self.rng)
-        o = merge_heads(o)                                        # (B, S, D)
-        b_out = None if fused else p["self_attn.out_proj.bias"]
-        a, c_out = linear_forward(o, p["self_attn.out_proj.weight"], b_out, pol)
-        watch("attn.out_proj", a, o)
-        a, mask = dropout_forward(a, self._drop_p(), self.rng)    # dropout1
-        return a, AttnBlockCache(c_in, c_sdpa, c_out, mask)
-
-    def _mlp(self, h, watch):  # (B, S, D) -> (B, S, D)
-        p, cfg, pol = self.params, self.config, self.policy
-        u, c1 = linear_forward(h, p["linear1.weight"], p["linear1.bias"], pol)   # (B, S, F)
-        watch("mlp.linear1", u, h)
-        g, c_act = activation_forward(u, cfg.activation)
-        watch(f"mlp.{cfg.activation}", g, u)
-        g, hidden_mask = dropout_forward(g, self._drop_p(), self.rng)            # dropout
-        z, c2 = linear_forward(g, p["linear2.weight"], p["linear2.bias"], pol)   # (B, S, D)
-        watch("mlp.linear2", z, g)
-        z, mask = dropout_forward(z, self._drop_p(), self.rng)                   # dropout2
-        return z, MLPCache(c1, c_act, hidden_mask, c2, mask)
-
     # ---- backward: the forward read from the bottom up -----------------------------------------
     def backward(self, dy):
         """dy = dL/dy, (B, S, D) -> dL/dx, (B, S, D); adds dL/dparam into ``self.grads``."""
         c, dy = self._backward_input(dy)
-        parts = (Fused if c.fused else OpByOp)(self)
+        ln1, attn, ln2, mlp = self.sublayers(fused=c.fused)
         with np.errstate(all="ignore"):
-            return block_backward(dy, c, parts, self.config.norm_first)
-
-    def _norm_backward(self, name, dy, cache):
-        dx, dgamma, dbeta = layer_norm_backward(dy, cache, self.policy)
-        self._accumulate(f"{name}.weight", dgamma)
-        self._accumulate(f"{name}.bias", dbeta)
-        return dx
-
-    def _attention_backward(self, da, c, fused=False):  # (B, S, D) -> (B, S, D)
-        cfg, pol = self.config, self.policy
-        da = dropout_backward(da, c.drop_mask, cfg.dropout)                      # dropout1
-        do, dw, db = linear_backward(da, c.out_proj, pol)                        # a = o W_out^T + b
-        self._accumulate("self_attn.out_proj.weight", dw)
-        self._accumulate("self_attn.out_proj.bias", db)
-        dqkv = np.empty(do.shape[:-1] + (3 * do.shape[-1],), dtype=do.dtype)     # (B, S, 3D), as qkv
-        dq, dk, dv = (split_heads(t, cfg.n_heads) for t in np.split(dqkv, 3, axis=-1))  # 3 views (B, H, S, d_h)
-        attention_backward(split_heads(do, cfg.n_heads), c.sdpa, out=(dq, dk, dv),  # o = attn(q, k, v)
-                           fused=fused)
-        dh, dw, db = linear_backward(dqkv, c.in_proj, pol)                       # qkv = h W_in^T + b
-        self._accumulate("self_attn.in_proj_weight", dw)
-        self._accumulate("self_attn.in_proj_bias", db)
-        return dh
-
-    def _mlp_backward(self, dz, c, fused=False):  # (B, S, D) -> (B, S, D)
-        p_drop, pol = self.config.dropout, self.policy
-        dz = dropout_backward(dz, c.drop_mask, p_drop)                           # dropout2
-        dg, dw, db = linear_backward(dz, c.linear2, pol)                         # z = g W2^T + b2
-        self._accumulate("linear2.weight", dw)
-        self._accumulate("linear2.bias", db)
-        dg = dropout_backward(dg, c.hidden_mask, p_drop)                         # dropout
-        if fused and c.act.kind == "gelu":
-            du = gelu_backward(dg, c.act)                                        # g = u Phi(u), one pass
-        else:
-            du = activation_backward(dg, c.act)                                  # g = act(u)
-        dh, dw, db = linear_backward(du, c.linear1, pol)                         # u = h W1^T + b1
-        self._accumulate("linear1.weight", dw)
-        self._accumulate("linear1.bias", db)
-        return dh
+            if self.config.norm_first:                            # Pre-LN
+                dh = ln2.backward(mlp.backward(dy, c.mlp), c.ln2, dy)      # y = h + mlp(ln2(h))
+                return ln1.backward(attn.backward(dh, c.attn), c.ln1, dh)  # h = x + attn(ln1(x))
+            dr = ln2.backward(dy, c.ln2)                          # y = ln2(r), r = h + mlp(h)
+            dh = dr + mlp.backward(dr, c.mlp)
+            dr = ln1.backward(dh, c.ln1)                          # h = ln1(r), r = x + attn(x)
+            return dr + attn.backward(dr, c.attn)
 
 
 def default_heads(d_model):

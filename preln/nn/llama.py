@@ -35,23 +35,25 @@ Default initialisation is transformers' for a Llama model: every weight N(0, 0.0
 (``initializer_range``), the RMSNorm gains 1.
 """
 from dataclasses import dataclass
+from functools import partial
 from typing import NamedTuple, Optional
 
 import numpy as np
 
-from preln.nn.base import BlockBase, KVStore, block_backward, block_cache_type, block_equations
+from preln.nn.base import BlockBase, Branch, KVStore, Norm, Residual, Sublayer, added, block_cache_type
 from preln.validation import check_input, check_mask, positive_float, positive_int
 from preln.ops.fused import llama as fused_llama
-from preln.ops.attention import AttentionCache, attention_backward, merge_heads, split_heads
+from preln.ops.attention import AttentionCache, attention_backward, merge_heads, sdpa, split_heads
 from preln.ops.fused import FUSED_DTYPES
 from preln.ops.linear import LinearCache, linear_backward, linear_forward
 from preln.ops.rms_norm import rms_norm_backward, rms_norm_forward
 from preln.ops.rope import (ROPE_THETA, RopeCache, RopeScaling, check_positions, check_rope_scaling,
                             rope_backward, rope_cos_sin, rope_forward)
 from preln.ops.swiglu import SwiGLUCache, swiglu_backward, swiglu_forward
-from preln.precision import SAFE, Watch, elementwise_dtype
+from preln.precision import SAFE, elementwise_dtype
 
-__all__ = ["LlamaConfig", "LlamaBlock", "LlamaKVCache", "LlamaOpByOp", "LlamaFused", "llama_param_shapes",
+__all__ = ["LlamaConfig", "LlamaBlock", "LlamaKVCache", "RMSNorm", "GroupedQueryAttention", "SwiGLU",
+           "llama_param_shapes",
            "llama_ffn_width", "INIT_STD"]
 
 #: transformers' ``LlamaConfig.initializer_range``: the std of every initial weight
@@ -162,7 +164,7 @@ class LlamaAttnCache(NamedTuple):
 
 #: (shape, norm1, attn, norm2, mlp, fused): the input's (B, S, D), two RMSNormCaches, a
 #: LlamaAttnCache, a SwiGLUCache, whether the fused kernels ran
-LlamaBlockCache = block_cache_type("LlamaBlockCache", "norm1", "norm2")
+LlamaBlockCache = block_cache_type("LlamaBlockCache", "norm1", "norm2", __name__)
 
 
 class LlamaKVCache(KVStore):
@@ -184,87 +186,145 @@ class LlamaKVCache(KVStore):
         return self._repr("n_kv_heads")
 
 
-# ---- the parts of block_equations ----------------------------------------------------------------
-_NORMS = {1: "input_layernorm", 2: "post_attention_layernorm"}
+# ---- the sublayers ------------------------------------------------------------------------------
+class RMSNorm(Norm):
+    """input_layernorm or post_attention_layernorm: x / sqrt(mean(x^2) + eps) gamma. Fused, after
+    a residual sum: the sum and the norm in one kernel."""
 
-
-class LlamaOpByOp:
-    """A LlamaBlock's parts with every op its own numpy call, each output watched."""
-
-    fused = False
-
-    def __init__(self, block, kpm=None, cos_sin=None, watch=None, kv=None):
-        self.block, self.kpm, self.cos_sin, self.kv = block, kpm, cos_sin, kv
-        self.watch = Watch() if watch is None else watch
-
-    def norm(self, i, x):
+    def __call__(self, x):  # (B, S, D) or a Residual -> (B, S, D)
         b = self.block
-        return rms_norm_forward(x, b.params[f"{_NORMS[i]}.weight"], b.config.eps, b.policy,
-                                self.watch.scope(_NORMS[i]))
+        gamma, eps = b.params[f"{self.name}.weight"], b.config.eps
+        if self.fused and isinstance(x, Residual):          # r = x + a, RMSNorm(r): one pass
+            x.sum, y, self.cache = fused_llama.add_rms_norm(x.x, x.branch.out, gamma, eps)
+            return y
+        x = added(x)
+        if self.fused:
+            y, self.cache = fused_llama.rms_norm(x, gamma, eps)
+            return y
+        y, self.cache = rms_norm_forward(x, gamma, eps, self.policy, self.watch.scope(self.name))
+        return y
 
-    def attention(self, h):
-        return self.block._attention(h, self.kpm, self.cos_sin, self.watch, self.kv, fused=self.fused)
-
-    def mlp(self, h):
-        p = self.block.params
-        return swiglu_forward(h, p["mlp.gate_proj.weight"], p["mlp.up_proj.weight"],
-                              p["mlp.down_proj.weight"], self.block.policy, self.watch.scope("mlp"))
-
-    def add(self, i, x, a):
-        return self.watch(f"residual{i}", x + a, x, a)
-
-    def add_norm(self, i, x, a, j):
-        r = self.add(i, x, a)
-        return (r, *self.norm(j, r))
-
-    # the backward's parts
-    def norm_backward(self, i, dh, cache, dres):
-        dx, dgamma = rms_norm_backward(dh, cache, self.block.policy)
-        dx += dres                                                # x feeds the residual too
-        self.block._accumulate(f"{_NORMS[i]}.weight", dgamma)
+    def backward(self, dy, cache, dskip=None):  # -> dL/dx, plus dskip when x feeds a residual too
+        if self.fused:
+            dx, dgamma = fused_llama.rms_norm_backward(dy, cache, dskip)    # dskip added in the kernel
+        else:
+            dx, dgamma = rms_norm_backward(dy, cache, self.policy)
+            if dskip is not None:
+                dx += dskip
+        self.grad(f"{self.name}.weight", dgamma)
         return dx
 
-    def attention_backward(self, da, cache):
-        return self.block._attention_backward(da, cache, self.fused)
 
-    def mlp_backward(self, dm, cache):
-        dh, dw_gate, dw_up, dw_down = swiglu_backward(dm, cache, self.block.policy)
-        return self.block._accumulate_mlp(dh, dw_gate, dw_up, dw_down)
+class _Linears(Sublayer):
+    """Attention and the MLP, over the linear layers ``block.linear(name)`` gives them: a
+    quantised block swaps them (:class:`preln.gguf.quant.WeightOnlyLlamaBlock`)."""
+
+    def into_residual(self, out, residual):
+        if self.fused:      # the MLP's output is its own: the residual is added into it
+            return Branch(out, lambda x, m: np.add(x, m, out=m))
+        return self.branch(out, residual)
 
 
-class LlamaFused(LlamaOpByOp):
-    """The parts with RMSNorm (with the residual add before it), RoPE (with the head transpose),
-    the softmax and the SwiGLU gate one kernel each (:mod:`preln.ops.fused.llama`)."""
+class GroupedQueryAttention(_Linears):
+    """Attn(h): q = h W_q^T (H heads), k, v = h W_k^T, h W_v^T (H_kv heads), RoPE on q and k,
+    causal scaled dot-product attention (:func:`preln.ops.sdpa`), a = o W_o^T. Fused: the rotation
+    with the head transpose and the plain path's softmax are one kernel each."""
 
-    fused = True
+    def __init__(self, block, watch=None, fused=False, key_padding_mask=None, cos_sin=None, kv=None):
+        super().__init__(block, watch, fused)
+        self.kpm, self.cos_sin, self.kv = key_padding_mask, cos_sin, kv
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (block.linear(f"self_attn.{n}_proj")
+                                                              for n in "qkvo")
 
-    def norm(self, i, x):
-        b = self.block
-        return fused_llama.rms_norm(x, b.params[f"{_NORMS[i]}.weight"], b.config.eps)
+    def __call__(self, h):  # (B, S, D) -> Attn(h), a Branch of the residual stream
+        b, w, cos_sin = self.block, self.watch, self.cos_sin
+        H, H_kv = b.config.n_heads, b.config.n_kv_heads
+        q, c_q = self.q_proj(h)                                                  # (B, S, H d_h)
+        k, c_k = self.k_proj(h)                                                  # (B, S, H_kv d_h)
+        v, c_v = self.v_proj(h)                                                  # (B, S, H_kv d_h)
+        w("attn.q_proj", q, h)
+        w("attn.k_proj", k, h)
+        w("attn.v_proj", v, h)
+        if self.fused:   # the rotation and the transpose to (B, heads, S, d_h) in one pass each
+            q, k = fused_llama.rope(q, H, cos_sin), fused_llama.rope(k, H_kv, cos_sin)
+        else:
+            q, _ = rope_forward(split_heads(q, H), cos_sin=cos_sin)              # (B, H, S, d_h)
+            k, _ = rope_forward(split_heads(k, H_kv), cos_sin=cos_sin)           # (B, H_kv, S, d_h)
+        v = split_heads(v, H_kv)                                                 # (B, H_kv, S, d_h)
+        o, c_sdpa = sdpa(q, k, v, self.kpm, True, self.policy, w.scope("attn"), tiled=b.tiled(),
+                         training=b.training, fused=self.fused, kv=self.kv)     # (B, H, S, d_h)
+        o = merge_heads(o)                                                       # (B, S, H d_h)
+        a, c_o = self.o_proj(o)                                                  # (B, S, D)
+        w("attn.o_proj", a, o)
+        self.cache = LlamaAttnCache(c_q, c_k, c_v, RopeCache(*cos_sin), c_sdpa, c_o)
+        return self.into_residual(a, "residual1")
 
-    def mlp(self, h):
-        return self.block._mlp_fused(h, keep=self.kv is None)
+    def backward(self, da, c):  # (B, S, D) -> (B, S, D)
+        cfg, pol = self.block.config, self.policy
+        H, H_kv = cfg.n_heads, cfg.n_kv_heads
+        do, dw, _ = linear_backward(da, c.o_proj, pol)                           # a = o W_o^T
+        self.grad("self_attn.o_proj.weight", dw)
+        q, k, _ = c.sdpa.q, c.sdpa.k, c.sdpa.v
+        B, S = do.shape[:2]
+        dq, dk = np.empty_like(q), np.empty_like(k)                              # (B, H | H_kv, S, d_h)
+        dv_lin = np.empty((B, S, H_kv * k.shape[-1]), do.dtype)                  # as v_proj's output
+        dv = split_heads(dv_lin, H_kv)                                           # a view (B, H_kv, S, d_h)
+        attention_backward(split_heads(do, H), c.sdpa, out=(dq, dk, dv),        # o = attn(q, k, v)
+                           fused=self.fused)
+        cos_sin = tuple(c.rope)
+        if self.fused:                                                           # q = RoPE(q_lin), one pass
+            dq_lin, dk_lin = fused_llama.rope_backward(dq, cos_sin), fused_llama.rope_backward(dk, cos_sin)
+        else:
+            dq_lin = merge_heads(rope_backward(dq, c.rope))                      # (B, S, H d_h)
+            dk_lin = merge_heads(rope_backward(dk, c.rope))                      # (B, S, H_kv d_h)
+        dh, dw, _ = linear_backward(dq_lin, c.q_proj, pol)                       # q_lin = h W_q^T
+        self.grad("self_attn.q_proj.weight", dw)
+        dh_k, dw, _ = linear_backward(dk_lin, c.k_proj, pol)                     # k_lin = h W_k^T
+        self.grad("self_attn.k_proj.weight", dw)
+        dh += dh_k
+        dh_v, dw, _ = linear_backward(dv_lin, c.v_proj, pol)                     # v_lin = h W_v^T
+        self.grad("self_attn.v_proj.weight", dw)
+        dh += dh_v                                                               # h feeds all three
+        return dh
 
-    def add(self, i, x, m):
-        return np.add(x, m, out=m)                                # m is the MLP's own output
 
-    def add_norm(self, i, x, a, j):
-        b = self.block
-        return fused_llama.add_rms_norm(x, a, b.params[f"{_NORMS[j]}.weight"], b.config.eps)
+class SwiGLU(_Linears):
+    """MLP(h) = (SiLU(h W_gate^T) * (h W_up^T)) W_down^T. Fused: the gate is one kernel;
+    ``keep=False`` (decoding) writes it over its input."""
 
-    def norm_backward(self, i, dh, cache, dres):
-        dx, dgamma = fused_llama.rms_norm_backward(dh, cache, dres)   # the residual's, added
-        self.block._accumulate(f"{_NORMS[i]}.weight", dgamma)
-        return dx
+    def __init__(self, block, watch=None, fused=False, keep=True):
+        super().__init__(block, watch, fused)
+        self.keep = keep
+        self.gate_proj, self.up_proj, self.down_proj = (block.linear(f"mlp.{n}_proj")
+                                                        for n in ("gate", "up", "down"))
 
-    def mlp_backward(self, dm, c):
-        pol = self.block.policy
-        dg, dw_down, _ = linear_backward(dm, c.down, pol)                    # m = g W_down^T
-        da, db = fused_llama.silu_mul_backward(dg, c.a, c.b)                 # g = SiLU(a) b
-        dh, dw_gate, _ = linear_backward(da, c.gate, pol)                    # a = h W_gate^T
-        dh_up, dw_up, _ = linear_backward(db, c.up, pol)                     # b = h W_up^T
-        dh += dh_up
-        return self.block._accumulate_mlp(dh, dw_gate, dw_up, dw_down)
+    def __call__(self, h):  # (B, S, D) -> MLP(h), a Branch of the residual stream
+        if self.fused:
+            a, c_gate = self.gate_proj(h)                                        # (B, S, F)
+            b, c_up = self.up_proj(h)                                            # (B, S, F)
+            g = fused_llama.silu_mul(a, b, out=None if self.keep else a)         # g = SiLU(a) b, one pass
+            m, c_down = self.down_proj(g)                                        # (B, S, D)
+            self.cache = SwiGLUCache(c_gate, c_up, a, b, c_down)
+        else:
+            p = self.block.params
+            m, self.cache = swiglu_forward(h, p["mlp.gate_proj.weight"], p["mlp.up_proj.weight"],
+                                           p["mlp.down_proj.weight"], self.policy, self.watch.scope("mlp"))
+        return self.into_residual(m, "residual2")
+
+    def backward(self, dm, c):  # (B, S, D) -> (B, S, D)
+        pol = self.policy
+        if self.fused:
+            dg, dw_down, _ = linear_backward(dm, c.down, pol)                    # m = g W_down^T
+            da, db = fused_llama.silu_mul_backward(dg, c.a, c.b)                 # g = SiLU(a) b
+            dh, dw_gate, _ = linear_backward(da, c.gate, pol)                    # a = h W_gate^T
+            dh_up, dw_up, _ = linear_backward(db, c.up, pol)                     # b = h W_up^T
+            dh += dh_up
+        else:
+            dh, dw_gate, dw_up, dw_down = swiglu_backward(dm, c, pol)
+        self.grad("mlp.gate_proj.weight", dw_gate)
+        self.grad("mlp.up_proj.weight", dw_up)
+        self.grad("mlp.down_proj.weight", dw_down)
+        return dh
 
 
 class LlamaBlock(BlockBase):
@@ -289,7 +349,7 @@ class LlamaBlock(BlockBase):
     shapes_of, init_of = staticmethod(llama_param_shapes), staticmethod(init_params)
     kv_heads = ("n_kv_heads", "H_kv")
 
-    # ---- forward ---------------------------------------------------------------------------------
+    # ---- forward: the block's equations over this pass's sublayers ------------------------------
     def __call__(self, x, key_padding_mask=None, positions=None):
         return self.forward(x, key_padding_mask, positions)
 
@@ -303,13 +363,29 @@ class LlamaBlock(BlockBase):
         self._cache = None                                        # a forward that raises leaves no cache
         x = check_input(x, self.config.d_model, self.dtype)      # (B, S, D)
         kpm = check_mask(key_padding_mask, x.shape)
-        cos_sin = self.rope_tables(x.shape, positions)
-        watch = self._watch()
+        kv = self._kv
+        cos_sin = self.rope_tables(x.shape, positions, start=0 if kv is None else kv.length)
+        watch, fused = self._watch(), self.fuses()
+        ln1, attn, ln2, mlp = self.sublayers(watch, fused, kpm, cos_sin, kv)
         with np.errstate(all="ignore"):   # non-finite values are the Watch's to report
-            y, cache = self._layers(x, kpm, cos_sin, watch)
+            h = x + attn(ln1(x))
+            y = h + mlp(ln2(h))
+            y = added(y)                                          # the last sum, (B, S, D)
         self.overflow = watch.first
-        self._cache = cache
+        self._cache = LlamaBlockCache(x.shape, ln1.cache, attn.cache, ln2.cache, mlp.cache, fused=fused)
         return y
+
+    def sublayers(self, watch=None, fused=False, key_padding_mask=None, cos_sin=None, kv=None):
+        """(ln1, attn, ln2, mlp) for one pass: the fused kernels or every op its own call, the
+        attention reading and extending ``kv`` when decoding."""
+        return (RMSNorm(self, "input_layernorm", watch, fused),
+                GroupedQueryAttention(self, watch, fused, key_padding_mask, cos_sin, kv),
+                RMSNorm(self, "post_attention_layernorm", watch, fused),
+                SwiGLU(self, watch, fused, keep=kv is None))
+
+    def linear(self, name):  # -> h (B, S, in) -> (h W^T (B, S, out), LinearCache)
+        """The linear layer ``name`` (``self_attn.q_proj``, ..., ``mlp.down_proj``) as a function."""
+        return partial(linear_forward, w=self.params[f"{name}.weight"], b=None, policy=self.policy)
 
     def rope_tables(self, shape, positions=None, start=0):  # -> RoPE's (cos, sin)
         """RoPE's (cos, sin) for x of ``shape`` in the block's dtype, with the config's theta and
@@ -327,105 +403,17 @@ class LlamaBlock(BlockBase):
         return rope_cos_sin(positions, cfg.d_head, cfg.rope_theta, elementwise_dtype(self.dtype),
                             cfg.rope_scaling)
 
-    def _layers(self, x, kpm, cos_sin, watch, kv=None):  # (B, S, D) -> (B, S, D), LlamaBlockCache
-        """The block's equations over the fused or the op-by-op parts; with ``kv`` the attention
-        reads and extends a KV cache."""
-        fused = self.fuses()
-        parts = (LlamaFused if fused else LlamaOpByOp)(self, kpm, cos_sin, watch, kv)
-        y, caches = block_equations(x, parts)
-        return y, LlamaBlockCache(x.shape, *caches, fused=fused)
-
     def fuses(self):
         """Whether the next forward (or decode) runs the fused kernels: ``fused`` is on, the dtype
         is float32 or float64, the policy is the safe one, no tracer."""
         return (self.fused and self.dtype in FUSED_DTYPES and self.policy == SAFE
                 and not (self.trace or self.check_finite))
 
-    def _attention(self, h, kpm, cos_sin, watch, kv=None, fused=False):  # (B, S, D) -> (B, S, D)
-        p, cfg, pol = self.params, self.config, self.policy
-        H, H_kv = cfg.n_heads, cfg.n_kv_heads
-        q, c_q = linear_forward(h, p["self_attn.q_proj.weight"], None, pol)     # (B, S, H d_h)
-        k, c_k = linear_forward(h, p["self_attn.k_proj.weight"], None, pol)     # (B, S, H_kv d_h)
-        v, c_v = linear_forward(h, p["self_attn.v_proj.weight"], None, pol)     # (B, S, H_kv d_h)
-        watch("attn.q_proj", q, h)
-        watch("attn.k_proj", k, h)
-        watch("attn.v_proj", v, h)
-        if fused:   # the rotation and the transpose to (B, heads, S, d_h) in one pass each
-            q, k = fused_llama.rope(q, H, cos_sin), fused_llama.rope(k, H_kv, cos_sin)
-        else:
-            q, _ = rope_forward(split_heads(q, H), cos_sin=cos_sin)              # (B, H, S, d_h)
-            k, _ = rope_forward(split_heads(k, H_kv), cos_sin=cos_sin)           # (B, H_kv, S, d_h)
-        v = split_heads(v, H_kv)                                                 # (B, H_kv, S, d_h)
-        o, c_sdpa = self._sdpa(q, k, v, kpm, True, watch, kv, fused)           # (B, H, S, d_h)
-        o = merge_heads(o)                                                       # (B, S, H d_h)
-        a, c_o = linear_forward(o, p["self_attn.o_proj.weight"], None, pol)      # (B, S, D)
-        watch("attn.o_proj", a, o)
-        return a, LlamaAttnCache(c_q, c_k, c_v, RopeCache(*cos_sin), c_sdpa, c_o)
-
-    def _mlp_fused(self, h, keep):  # (B, S, D) -> (B, S, D)
-        p, pol = self.params, self.policy
-        a, c_gate = linear_forward(h, p["mlp.gate_proj.weight"], None, pol)     # (B, S, F)
-        b, c_up = linear_forward(h, p["mlp.up_proj.weight"], None, pol)         # (B, S, F)
-        g = fused_llama.silu_mul(a, b, out=None if keep else a)                 # g = SiLU(a) b, one pass
-        m, c_down = linear_forward(g, p["mlp.down_proj.weight"], None, pol)     # (B, S, D)
-        return m, SwiGLUCache(c_gate, c_up, a, b, c_down)
-
-    # ---- decoding with a KV cache ----------------------------------------------------------------
-    def decode(self, x_new, kv):
-        """Run the block on the next n positions of B sequences given a :class:`LlamaKVCache` of the
-        positions before them; x_new: (B, n, D), n >= 1 -> y_new: (B, n, D).
-
-        The new positions are rotated at ``kv.length .. kv.length + n - 1`` and their keys and values
-        appended (``kv.length`` grows by n). Eval mode only, no padding mask. Nothing is kept for a
-        backward: ``block.backward`` still differentiates the last ``forward``.
-        """
-        x = self._check_decode(x_new, kv)                         # (B, n, D)
-        cos_sin = self.rope_tables(x.shape, None, start=kv.length)
-        watch = self._watch()
-        with np.errstate(all="ignore"):
-            y, _ = self._layers(x, None, cos_sin, watch, kv)
-        self.overflow = watch.first
-        kv.length += x.shape[1]                                   # only once the step has succeeded
-        return y
-
     # ---- backward: the forward read from the bottom up -----------------------------------------
     def backward(self, dy):
         """dy = dL/dy, (B, S, D) -> dL/dx, (B, S, D); adds dL/dparam into ``self.grads``."""
         c, dy = self._backward_input(dy)
-        parts = (LlamaFused if c.fused else LlamaOpByOp)(self)
+        ln1, attn, ln2, mlp = self.sublayers(fused=c.fused)
         with np.errstate(all="ignore"):
-            return block_backward(dy, c, parts)
-
-    def _accumulate_mlp(self, dh, dw_gate, dw_up, dw_down):
-        self._accumulate("mlp.gate_proj.weight", dw_gate)
-        self._accumulate("mlp.up_proj.weight", dw_up)
-        self._accumulate("mlp.down_proj.weight", dw_down)
-        return dh
-
-    def _attention_backward(self, da, c, fused):  # (B, S, D) -> (B, S, D)
-        cfg, pol = self.config, self.policy
-        H, H_kv = cfg.n_heads, cfg.n_kv_heads
-        do, dw, _ = linear_backward(da, c.o_proj, pol)                           # a = o W_o^T
-        self._accumulate("self_attn.o_proj.weight", dw)
-        q, k, _ = c.sdpa.q, c.sdpa.k, c.sdpa.v
-        B, S = do.shape[:2]
-        dq, dk = np.empty_like(q), np.empty_like(k)                              # (B, H | H_kv, S, d_h)
-        dv_lin = np.empty((B, S, H_kv * cfg.d_head), do.dtype)                   # as v_proj's output
-        dv = split_heads(dv_lin, H_kv)                                           # a view (B, H_kv, S, d_h)
-        attention_backward(split_heads(do, H), c.sdpa, out=(dq, dk, dv), fused=fused)  # o = attn(q, k, v)
-        cos_sin = tuple(c.rope)
-        if fused:                                                                # q = RoPE(q_lin), one pass
-            dq_lin, dk_lin = fused_llama.rope_backward(dq, cos_sin), fused_llama.rope_backward(dk, cos_sin)
-        else:
-            dq_lin = merge_heads(rope_backward(dq, c.rope))                      # (B, S, H d_h)
-            dk_lin = merge_heads(rope_backward(dk, c.rope))                      # (B, S, H_kv d_h)
-        dh, dw, _ = linear_backward(dq_lin, c.q_proj, pol)                       # q_lin = h W_q^T
-        self._accumulate("self_attn.q_proj.weight", dw)
-        dh_k, dw, _ = linear_backward(dk_lin, c.k_proj, pol)                     # k_lin = h W_k^T
-        self._accumulate("self_attn.k_proj.weight", dw)
-        dh += dh_k
-        dh_v, dw, _ = linear_backward(dv_lin, c.v_proj, pol)                     # v_lin = h W_v^T
-        self._accumulate("self_attn.v_proj.weight", dw)
-        dh += dh_v                                                               # h feeds all three
-        return dh
-
+            dh = ln2.backward(mlp.backward(dy, c.mlp), c.norm2, dy)       # y = h + mlp(ln2(h))
+            return ln1.backward(attn.backward(dh, c.attn), c.norm1, dh)   # h = x + attn(ln1(x))

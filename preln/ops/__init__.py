@@ -3,7 +3,7 @@
 from preln.ops.activations import ACTIVATIONS, activation_backward, activation_forward, gelu, gelu_tanh, relu
 from preln.ops.attention import (attention_backward, attention_forward, flash_attention_backward,
                                  flash_attention_forward, flash_attention_train, mask_bias, merge_heads,
-                                 repeat_kv, split_heads)
+                                 repeat_kv, sdpa, split_heads)
 from preln.ops.batchnorm import BatchNorm1d, batchnorm_backward, batchnorm_forward
 from preln.ops.dropout import dropout_backward, dropout_forward
 from preln.ops.layernorm import layer_norm_backward, layer_norm_forward
@@ -16,7 +16,7 @@ from preln.ops.swiglu import silu, silu_backward, silu_forward, swiglu_backward,
 __all__ = [
     "ACTIVATIONS", "activation_backward", "activation_forward", "gelu", "gelu_tanh", "relu",
     "attention_backward", "attention_forward", "flash_attention_backward", "flash_attention_forward",
-    "flash_attention_train", "mask_bias",
+    "flash_attention_train", "mask_bias", "sdpa",
     "merge_heads", "split_heads", "BatchNorm1d", "batchnorm_backward", "batchnorm_forward",
     "dropout_backward", "dropout_forward", "layer_norm_backward",
     "layer_norm_forward", "linear_backward", "linear_forward", "softmax", "softmax_backward",

@@ -349,6 +349,33 @@ def flash_attention_train(q, k, v, key_padding_mask=None, causal=False, dropout_
     return out.astype(q.dtype, copy=False), cache
 
 
+def sdpa(q, k, v, key_padding_mask=None, causal=False, policy=SAFE, watch=no_watch, *, tiled=False,
+         training=False, dropout_p=0.0, rng=None, fused=False, kv=None):  # -> (o (B, H, Sq, d_h), cache)
+    """The attention core as a block's pass runs it, on q (B, H, Sq, d_h), k, v (B, H_kv, Sk, d_h);
+    ``watch`` names its ops (a block passes ``watch.scope("attn")``).
+
+    kv: a decode step -- a KV store (``length``, ``append(k, v) -> (keys, values)``, as
+        :class:`preln.nn.base.KVStore`) takes the new keys and values, the queries read all of it,
+        tiled; nothing is kept for a backward (cache None).
+    tiled, training: FlashAttention-2 (:func:`flash_attention_train`: keeps O and the
+        log-sum-exp; dropout redrawn per tile from a seed drawn from ``rng``).
+    tiled: :func:`flash_attention_forward`, never holding the (B, H, S, S) scores; the backward
+        recomputes P.
+    else the plain path, :func:`attention_forward` (keeps P; dropout on it; ``fused`` softmax).
+    """
+    if kv is not None:
+        t0 = kv.length
+        k_all, v_all = kv.append(k, v)                        # (B, H_kv, t0 + n, d_h), views
+        return flash_attention_forward(q, k_all, v_all, None, True, policy, watch, q_offset=t0), None
+    if tiled and training:                                    # O and L only; P recomputed per tile
+        seed = int(rng.integers(2 ** 63)) if dropout_p > 0 else 0     # the dropout tiles' seed
+        return flash_attention_train(q, k, v, key_padding_mask, causal, dropout_p, seed, policy)
+    if tiled:
+        o = flash_attention_forward(q, k, v, key_padding_mask, causal, policy, watch)
+        return o, AttentionCache(q, k, v, None, None, 0.0, key_padding_mask, causal, policy)
+    return attention_forward(q, k, v, key_padding_mask, causal, dropout_p, rng, policy, watch, fused=fused)
+
+
 def flash_attention_backward(dout, cache, out=None):  # (B, H, S, d_h) -> dq, dk, dv
     """FlashAttention-2's backward: P recomputed tile by tile from L, never (B, H, S, S).
 

@@ -33,7 +33,7 @@ from matplotlib.patches import Rectangle
 from preln.nb import set_alt, short_alt, sig
 from preln.ops import (activation_forward, attention_forward, layer_norm_forward, linear_forward,
                    merge_heads, softmax, split_heads)
-from preln.chapters.viz import PALETTE, control, table_caption
+from preln.chapters.viz import PALETTE, control, legend_outside, table_caption, tex_number
 
 __all__ = [
     "FORWARD_STEPS", "MASKS", "Table", "forward_steps", "intermediate_loss", "param_loss",
@@ -134,20 +134,20 @@ def param_loss(x, params, config, w, name, key_padding_mask=None) -> Callable:
 def plot_step_sweep(steps, errors, chosen=1e-6) -> Figure:
     """Log-log plot of the gradient-check error against the finite-difference step."""
     steps, errors = np.asarray(steps), np.asarray(errors)
-    fig = Figure()
+    fig = Figure(figsize=(6.0, 4.4))
     ax = fig.subplots()
     ax.loglog(steps, errors, "o-", color=BLUE, label="LayerNorm backward vs central difference")
     u = np.finfo(np.float64).eps / 2
     ax.loglog(steps, steps ** 2, "--", color=ORANGE, label=r"truncation $\propto \delta^2$")
     ax.loglog(steps, u / steps, ":", color=VERMILLION, label=r"round-off $\propto u/\delta$")
     ax.axvline(chosen, color=BLACK, lw=1, alpha=0.6)
-    ax.annotate(f"δ = {chosen:g}", (chosen, errors.max()), xytext=(4, -4),
+    ax.annotate(f"δ = {tex_number(chosen)}", (chosen, errors.max()), xytext=(4, -4),
                 textcoords="offset points", va="top", fontsize=9)
     ax.set_ylim(max(errors.min() / 10, 1e-18), 10)
-    ax.set_xlabel("finite-difference step δ (dimensionless)")
-    ax.set_ylabel("relative error (dimensionless)")
+    ax.set_xlabel("finite-difference step δ")
+    ax.set_ylabel("relative error")
     ax.set_title("Gradient check: error vs step")
-    ax.legend(loc="upper center")
+    legend_outside(ax, ncol=1)
     i, big = int(np.argmin(errors)), int(np.argmax(steps))
     # the lowest error is round-off level: name the step where it is, not its digits; the error at
     # the largest step is truncation, stable to its digits
@@ -206,26 +206,26 @@ def plot_qk_variance(d_hs, n_keys=16) -> Figure:
     d_hs = list(d_hs)
     stats = [qk_logit_stats(d) for d in d_hs]
     sat = [softmax_saturation(d, n_keys=n_keys) for d in d_hs]
-    fig = Figure(figsize=(8.5, 3.4))
+    fig = Figure(figsize=(7.6, 4.4))
     ax1, ax2 = fig.subplots(1, 2)
     ax1.loglog(d_hs, [s["var"] for s in stats], "o-", color=VERMILLION, label=r"$q\cdot k$")
     ax1.loglog(d_hs, [s["var_scaled"] for s in stats], "s-", color=BLUE,
                label=r"$q\cdot k/\sqrt{d_h}$")
     ax1.loglog(d_hs, d_hs, "--", color=BLACK, lw=1, label=r"$d_h$ (theory)")
     ax1.set_xscale("log", base=2)
-    ax1.set_xlabel(r"head width $d_h$ (dimensionless)")
-    ax1.set_ylabel("variance of the logit (dimensionless)")
+    ax1.set_xlabel(r"head width $d_h$")
+    ax1.set_ylabel("variance of the logit")
     ax1.set_title("Logit variance")
-    ax1.legend()
+    legend_outside(ax1, ncol=1)
     ax2.semilogx(d_hs, [s["unscaled"]["entropy"] for s in sat], "o-", color=VERMILLION, label="unscaled")
     ax2.semilogx(d_hs, [s["scaled"]["entropy"] for s in sat], "s-", color=BLUE, label=r"scaled by $1/\sqrt{d_h}$")
     ax2.axhline(np.log(n_keys), color=BLACK, lw=1, ls="--", label=f"uniform, ln {n_keys}")
     ax2.set_xscale("log", base=2)
     ax2.set_ylim(0, np.log(n_keys) * 1.1)
-    ax2.set_xlabel(r"head width $d_h$ (dimensionless)")
+    ax2.set_xlabel(r"head width $d_h$")
     ax2.set_ylabel("mean row entropy (nats)")
     ax2.set_title(f"Softmax over {n_keys} keys")
-    ax2.legend()
+    legend_outside(ax2, ncol=1)
     var, var_s = [s["var"] for s in stats], [s["var_scaled"] for s in stats]
     ent_u, ent_s = [s["unscaled"]["entropy"] for s in sat], [s["scaled"]["entropy"] for s in sat]
     widths = f"d_h from {d_hs[0]} to {d_hs[-1]}"
@@ -250,7 +250,7 @@ def plot_qk_scaling(d_h) -> Figure:
     """One head width: the logit histograms and one attention row, with and without the scale."""
     st = qk_logit_stats(d_h, n_samples=FRAME_SAMPLES)
     sat = softmax_saturation(d_h, n_queries=FRAME_QUERIES)
-    fig = Figure(figsize=(8.5, 3.4))
+    fig = Figure(figsize=(7.6, 4.2))
     ax1, ax2 = fig.subplots(1, 2)
     bins = np.linspace(-40, 40, 81)
     for vals, color, ls, label in ((st["logits"], VERMILLION, "-", f"$q\\cdot k$, var {st['var']:.1f}"),
@@ -260,10 +260,10 @@ def plot_qk_scaling(d_h) -> Figure:
         ax1.fill_between(centers, counts, step="mid", color=color, alpha=0.5, lw=0)
         # the legend shows the outline, at full colour (3:1 on white) and with its own line style
         ax1.plot(centers, counts, drawstyle="steps-mid", color=color, lw=1.2, ls=ls, label=label)
-    ax1.set_xlabel("logit (dimensionless)")
+    ax1.set_xlabel("logit")
     ax1.set_ylabel(f"count (of {FRAME_SAMPLES} pairs)")
     ax1.set_title(f"Logits, $d_h$ = {d_h}")
-    ax1.legend(loc="upper left")
+    legend_outside(ax1, ncol=1)
     n = sat["scaled"]["p"].shape[1]
     j = np.arange(n)
     row = 0
@@ -279,7 +279,7 @@ def plot_qk_scaling(d_h) -> Figure:
     ax2.set_ylim(0, 1.05)
     ax2.set_xticks(j[::3], [str(r + 1) for r in j[::3]])
     ax2.set_xlabel("key rank (1 = most probable)")
-    ax2.set_ylabel("attention probability (dimensionless)")
+    ax2.set_ylabel("attention probability")
     ax2.set_title(f"One query over {n} keys")
     ax2.legend(loc="upper right")
     return fig
@@ -338,7 +338,7 @@ def plot_attention_masks(mask) -> Figure:
     for i in range(MASK_S):
         for j in range(MASK_S):
             if allowed[i, j]:
-                ax.text(j, i, f"{p[i, j]:.2f}", ha="center", va="center", fontsize=8,
+                ax.text(j, i, f"{p[i, j]:.2f}", ha="center", va="center", fontsize=9,
                         color="black" if p[i, j] > 0.55 else "white")
             else:
                 ax.text(j, i, "×", ha="center", va="center", fontsize=12, color=SKY)
@@ -391,16 +391,17 @@ def plot_gelu(lo=-5.0, hi=5.0) -> Figure:
     ax1.plot(x, relu(x), color=BLACK, lw=1, ls=":", label="ReLU")
     ax1.plot(x, gelu(x), color=BLUE, label=r"GELU, $x\,\Phi(x)$")
     ax1.plot(x, gelu_tanh(x), color=ORANGE, ls="--", label="GELU, tanh form")
-    ax1.set_xlabel("input x (dimensionless)")
-    ax1.set_ylabel("activation (dimensionless)")
+    ax1.set_xlabel("input x")
+    ax1.set_ylabel("activation")
     ax1.set_title("GELU, exact and tanh")
     ax1.legend()
     ax2.plot(d["x"], d["diff"], color=VERMILLION)
     for s in (-1, 1):
         ax2.axvline(s * d["x_at_max"], color=BLACK, lw=1, alpha=0.5)
-    ax2.set_xlabel("input x (dimensionless)")
-    ax2.set_ylabel("tanh form − exact (dimensionless)")
-    ax2.set_title(f"Difference, max |·| = {d['max_abs']:.2e} at x = ±{d['x_at_max']:.2f}", fontsize=10)
+    ax2.set_xlabel("input x")
+    ax2.set_ylabel("tanh form − exact")
+    ax2.set_title(f"Difference, max |·| = {tex_number(d['max_abs'])} at x = ±{d['x_at_max']:.2f}",
+                  fontsize=10)
     ax2.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     g = gelu(x)
     at = f"x = ±{d['x_at_max']:.2f}" if d["x_at_max"] else "x = 0"
@@ -443,7 +444,7 @@ LN_GRAPH_EDGES = (
 def plot_layernorm_graph() -> Figure:
     """The LayerNorm forward as a graph (nodes left to right), each edge labelled with its local
     derivative; the backward walks the edges right to left, and x receives three contributions."""
-    fig = Figure(figsize=(9.0, 3.6))
+    fig = Figure(figsize=(7.4, 3.6))
     ax = fig.subplots()
     pos = {k: (x, y) for k, (x, y, _) in LN_GRAPH_NODES.items()}
     # half widths of the node boxes in data units, so arrows start and end at the box edges
@@ -464,13 +465,15 @@ def plot_layernorm_graph() -> Figure:
         ax.annotate("", xy=(start[0], start[1] - 0.14), xytext=(end[0], end[1] - 0.14),
                     arrowprops=dict(arrowstyle="-|>", color=VERMILLION, lw=1.0, ls="--",
                                     shrinkA=2, shrinkB=2))
+        # on the figure's face, so an arrow passing under a label does not cross its text
         ax.text((x0 + x1) / 2, (y0 + y1) / 2 + 0.12, label, ha="center", va="bottom", fontsize=9,
-                color=BLACK)
+                color=BLACK, bbox=dict(fc="white", ec="none", pad=1))
     for name, (x, y, label) in LN_GRAPH_NODES.items():
         ax.text(x, y, label, ha="center", va="center", fontsize=10,
                 bbox=dict(boxstyle="round,pad=0.35", fc="white", ec=BLACK, lw=1))
-    ax.text(10.6, 0.35, r"$d\beta=\sum dy,\ d\gamma=\sum dy\,\hat x$", ha="center", fontsize=9)
-    ax.text(0.3, 0.35, r"$dx$: sum over every path back from $y$", ha="center", fontsize=9, color=VERMILLION)
+    ax.text(11.5, 0.35, r"$d\beta=\sum dy,\ d\gamma=\sum dy\,\hat x$", ha="right", fontsize=9)
+    ax.text(-0.6, 0.35, r"$dx$: sum over every path back from $y$", ha="left", fontsize=9,
+            color=VERMILLION)
     ax.plot([], [], color=BLUE, lw=1.6, label="forward")
     ax.plot([], [], color=VERMILLION, lw=1.0, ls="--", label="backward (times the edge label)")
     ax.legend(loc="upper left")
@@ -479,6 +482,8 @@ def plot_layernorm_graph() -> Figure:
     ax.set_xticks([])
     ax.set_yticks([])
     ax.grid(False)
+    for spine in ax.spines.values():     # a diagram, not a plot: no frame through its text
+        spine.set_visible(False)
     ax.set_xlabel("forward: left to right; backward: right to left")
     ax.set_ylabel("row statistics (top)\nper-feature values (bottom)", fontsize=9)
     ax.set_title("LayerNorm of one row as a computational graph")
@@ -563,7 +568,7 @@ def plot_online_softmax(step) -> Figure:
     q, k, _, _, trace = tiling_example()
     if not 1 <= step <= len(trace):
         raise ValueError(f"step: expected 1 .. {len(trace)}; got {step}")
-    fig = Figure(figsize=(8.8, 3.9))
+    fig = Figure(figsize=(7.6, 3.9))
     ax1, ax2 = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1.25]})
     read = trace[:step]
     cur = trace[step - 1]
@@ -604,7 +609,7 @@ def plot_online_softmax(step) -> Figure:
              label=r"running sum l, rescaled to final m")
     ax2.set_xticks(rows)
     ax2.set_xlabel("query row i of the current tile")
-    ax2.set_ylabel("max logit m, sum l (dimensionless)")
+    ax2.set_ylabel("max logit m, sum l")
     ax2.set_title(f"Kept per row: m, l and {TILE_DH} output numbers;\nkeys {cur['cols'].start}-"
                   f"{cur['cols'].stop - 1} of rows {rows[0]}-{rows[-1]} just read", fontsize=10)
     ax2.legend(loc="upper left")
@@ -651,21 +656,21 @@ def layer_norm_output_std(sigma, d, eps, placement):
 def plot_eps_placement(d, eps_inside=1e-5, eps_outside=1e-6) -> Figure:
     """Output std of a normalised row against the input row's std, eps inside vs outside the root."""
     sigmas = np.logspace(-8, 1, 400)
-    fig = Figure(figsize=(6.4, 3.6))
+    fig = Figure(figsize=(6.4, 4.6))
     ax = fig.subplots()
     ax.semilogx(sigmas, layer_norm_output_std(sigmas, d, eps_inside, "inside"), color=BLUE,
-                label=f"PyTorch: eps = {eps_inside:g} inside the root, biased var")
+                label=rf"PyTorch: $\varepsilon$ = {tex_number(eps_inside)} inside the root, biased var")
     ax.semilogx(sigmas, layer_norm_output_std(sigmas, d, eps_outside, "outside"), color=ORANGE,
-                ls="--", label=f"Annotated Transformer: std + {eps_outside:g}, unbiased std")
+                ls="--", label=rf"Annotated Transformer: std + {tex_number(eps_outside)}, unbiased std")
     ax.axvline(np.sqrt(eps_inside), color=BLUE, lw=1, alpha=0.5)
     ax.axvline(eps_outside, color=ORANGE, lw=1, alpha=0.5)
     ax.axhline(np.sqrt((d - 1) / d), color=BLACK, lw=1, ls=":",
-               label=f"sqrt((D-1)/D) = {np.sqrt((d - 1) / d):.3f}, D = {d}")
+               label=rf"$\sqrt{{(D-1)/D}}$ = {np.sqrt((d - 1) / d):.3f}, D = {d}")
     ax.set_ylim(0, 1.1)
-    ax.set_xlabel("std of the input row (dimensionless)")
-    ax.set_ylabel("std of the output row (dimensionless)")
-    ax.set_title(f"Where eps goes, D = {d}")
-    ax.legend(loc="center right")
+    ax.set_xlabel("std of the input row")
+    ax.set_ylabel("std of the output row")
+    ax.set_title(rf"Where $\varepsilon$ goes, D = {d}")
+    legend_outside(ax, ncol=1)
     bessel = np.sqrt((d - 1) / d)
     # where each curve crosses one half (layer_norm_output_std = 1/2, solved for sigma)
     half_in, half_out = np.sqrt(eps_inside / 3), eps_outside / (2 - 1 / bessel)

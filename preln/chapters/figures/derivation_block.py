@@ -27,7 +27,7 @@ from preln.nb import set_alt, short_alt, sig
 from preln.nn.block import TransformerBlock
 from preln.nn.config import BlockConfig
 from preln.ops import BatchNorm1d, batchnorm_forward, dropout_forward, layer_norm_forward
-from preln.chapters.viz import PALETTE, control
+from preln.chapters.viz import COLUMN_IN, PALETTE, control, direct_labels
 
 __all__ = [
     "block_jacobian", "jacobian_stats", "jacobian_pair", "plot_jacobians",
@@ -89,19 +89,19 @@ def plot_jacobians(d_model=8, scale=1.0) -> Figure:
     pair = jacobian_pair(d_model, scale)
     J_pre, J_post = pair["J_pre"], pair["J_post"]
     lim = float(max(np.abs(J_pre).max(), np.abs(J_post).max()))
-    fig = Figure(figsize=(8.0, 3.7))
+    fig = Figure(figsize=(7.6, 3.9))
     axes = fig.subplots(1, 2)
     for ax, J, name in zip(axes, (J_pre, J_post), ("Pre-LN", "Post-LN")):
         im = ax.imshow(J, cmap=DIVERGING, vmin=-lim, vmax=lim)
         ticks = np.arange(0, J.shape[0], d_model)
-        ax.set_xticks(ticks - 0.5, [f"t{t // d_model}" for t in ticks], fontsize=8, ha="left")
-        ax.set_yticks(ticks - 0.5, [f"t{t // d_model}" for t in ticks], fontsize=8, va="top")
+        ax.set_xticks(ticks - 0.5, [f"t{t // d_model}" for t in ticks], fontsize=9, ha="left")
+        ax.set_yticks(ticks - 0.5, [f"t{t // d_model}" for t in ticks], fontsize=9, va="top")
         ax.grid(True, color="0.5", alpha=0.5, lw=0.5)
         ax.set_xlabel("input entry x (token t, then feature)")
         ax.set_ylabel("output entry y (token t, then feature)")
         st = jacobian_stats(J)
         ax.set_title(f"{name}: diag {st['diag']:.2f}, ‖J−I‖ {st['dist']:.2f}", fontsize=9)
-    fig.colorbar(im, ax=list(axes), label="∂y/∂x (dimensionless)", shrink=0.85)
+    fig.colorbar(im, ax=list(axes), label="∂y/∂x", shrink=0.85)
     fig.suptitle(f"D = {d_model}, input scale {scale:g}", fontsize=11)
     return fig
 
@@ -194,15 +194,15 @@ def plot_stack_diagram(n_layers=2) -> Figure:
             y = y_next
         if pre:
             _arrow(ax, (sx, y + 0.17), (sx, y + 0.55), color=stream, lw=3)
-            ax.text(sx + 0.35, y + 0.36, f"x_L", fontsize=9, va="center")
+            ax.text(sx + 0.35, y + 0.36, "$x_L$", fontsize=9, va="center")
             _box(ax, sx, y + 0.85, "final LN", VERMILLION, w=1.3, h=0.55)
             _arrow(ax, (sx, y + 1.13), (sx, y + 1.45))
             ax.text(sx, y + 1.6, "y", ha="center", va="center", fontsize=11)
-            ax.set_title("Pre-LN: one identity path x₀ → x_L,\nthen the final LayerNorm",
+            ax.set_title("Pre-LN: one identity path $x_0 \\to x_L$,\nthen the final LayerNorm",
                          fontsize=10)
         else:
             _arrow(ax, (sx, y + 0.21), (sx, y + 0.55))
-            ax.text(sx, y + 0.7, "y = x_L", ha="center", va="center", fontsize=10)
+            ax.text(sx, y + 0.7, "$y = x_L$", ha="center", va="center", fontsize=10)
             ax.set_title(f"Post-LN: a LayerNorm after every addition\n"
                          f"({2 * n_layers} on every path from y to x₀)", fontsize=10)
     blocks = f"{n_layers} block{'s' if n_layers != 1 else ''}"
@@ -231,11 +231,11 @@ def plot_final_norm_scaling(data) -> Figure:
     ax = fig.subplots()
     rms = data["rms_xL"]
     ax.loglog(rms, data["grad_norm"], "o-", color=BLUE, label=f"‖dx₀‖, gradient at the input (L = {data['n_layers']})")
-    ax.loglog(rms, data["ln_gain"], "s--", color=VERMILLION, label="largest singular value of J_LN_f")
+    ax.loglog(rms, data["ln_gain"], "s--", color=VERMILLION, label=r"largest singular value of $J_{\mathrm{LN}_f}$")
     ref = data["grad_norm"][0] * rms[0] / rms
-    ax.loglog(rms, ref, ":", color=BLACK, label="∝ 1 / rms(x_L)")
-    ax.set_xlabel("rms(x_L), the scale of the residual stream (dimensionless)")
-    ax.set_ylabel("gradient norm / gain (dimensionless)")
+    ax.loglog(rms, ref, ":", color=BLACK, label=r"$\propto 1/\mathrm{rms}(x_L)$")
+    ax.set_xlabel(r"rms($x_L$), the scale of the residual stream")
+    ax.set_ylabel("gradient norm / gain")
     ax.set_title("Every gradient passes the final LayerNorm", fontsize=11)
     ax.legend()
     slope = {k: f"{np.polyfit(np.log(rms), np.log(data[k]), 1)[0]:.2f}".replace("-", "−")
@@ -285,7 +285,7 @@ def plot_dropout_moments(ps, moments) -> Figure:
     top = int(np.ceil(1 / (1 - max(ps))))
     ax.set_yticks(range(1, top + 1), [str(v) for v in range(1, top + 1)])
     ax.set_xlabel("drop probability p")
-    ax.set_ylabel("ratio to the input (dimensionless)")
+    ax.set_ylabel("ratio to the input")
     ax.set_title("Inverted dropout: the mean is kept, the energy is not", fontsize=11)
     ax.legend()
     means = [m["mean_ratio"] for m in moments]
@@ -379,20 +379,21 @@ def _exactly_zero(values):
 
 
 def plot_batchnorm(trace, gap, batch_sizes, pad) -> Figure:
-    """Three panels: running statistics, the train/eval gap vs batch size, padding."""
-    fig = Figure(figsize=(10.5, 3.5))
-    ax1, ax2, ax3 = fig.subplots(1, 3)
+    """Three panels, one above the other at the column's width, each series labelled where it
+    ends: running statistics, the train/eval gap against batch size, padding."""
+    fig = Figure(figsize=(COLUMN_IN - 0.2, 8.6))
+    ax1, ax2, ax3 = fig.subplots(3, 1)
     steps = np.arange(trace["mean"].size)
     ax1.plot(steps[1:], trace["batch_mean"], ".", color=SKY, label="batch mean")
     ax1.plot(steps, trace["mean"], color=BLUE, label="running mean")
-    ax1.plot(steps, np.sqrt(trace["var"]), color=VERMILLION, label="√ running var")
+    ax1.plot(steps, np.sqrt(trace["var"]), color=VERMILLION, label="√running var")
     ax1.axhline(POP_MEAN, color=BLUE, ls=":", lw=1)
     ax1.axhline(POP_STD, color=VERMILLION, ls=":", lw=1)
     ax1.set_xlabel("training step (batch)")
-    ax1.set_ylabel("channel 0 statistic (input units)")
+    ax1.set_ylabel("channel 0 statistic")
     momentum = trace["bn"].momentum
-    ax1.set_title(f"Running statistics (momentum {momentum:g})", fontsize=10)
-    ax1.legend()
+    ax1.set_title(f"Running statistics (momentum {momentum:g}); dots: batch means", loc="left")
+    direct_labels(ax1, ax1.get_lines()[1:3])
     ax2.loglog(batch_sizes, gap["bn"], "o-", color=VERMILLION, label="BatchNorm")
     ax2.plot(batch_sizes, gap["bn"][0] * np.sqrt(batch_sizes[0] / np.asarray(batch_sizes)), ":",
              color=BLACK, lw=1, label="∝ 1/√n")
@@ -401,21 +402,21 @@ def plot_batchnorm(trace, gap, batch_sizes, pad) -> Figure:
     yt = [0.0625, 0.125, 0.25, 0.5, 1.0]
     ax2.set_yticks(yt, [f"{v:g}" for v in yt])
     ax2.set_xlabel("batch size (tokens per channel)")
-    ax2.set_ylabel("mean |y_train − y_eval| (dimensionless)")
-    ax2.set_title("Train/eval gap (LayerNorm: 0)", fontsize=10)
-    ax2.legend()
+    ax2.set_ylabel(r"mean $|y_\mathrm{train} - y_\mathrm{eval}|$")
+    ax2.set_title("Train/eval gap (LayerNorm: 0)", loc="left")
+    direct_labels(ax2)
     ax3.plot(pad["pad_fraction"], pad["bn"], "o-", color=VERMILLION, label="BatchNorm")
     ax3.plot(pad["pad_fraction"], pad["ln"], "s-", color=BLUE, label="LayerNorm (exactly 0)")
     ax3.set_xlabel("fraction of the batch that is padding")
-    ax3.set_ylabel("max change of a real token's output")
-    ax3.set_title("Zero padding in the statistics", fontsize=10)
-    ax3.legend()
+    ax3.set_ylabel("max change of an output")
+    ax3.set_title("Zero padding in the statistics: a real token's output moves", loc="left")
+    direct_labels(ax3)
     mean, std = trace["mean"][-1], np.sqrt(trace["var"][-1])
     slope = np.polyfit(np.log(batch_sizes), np.log(gap["bn"]), 1)[0] if len(batch_sizes) > 1 else np.nan
     alt = (f"BatchNorm: running mean and std settle at {mean:.2f} and {std:.2f}; the train/eval gap falls with "
            f"batch size, slope {sig(slope)}; padding moves outputs up to {pad['bn'].max():.2f}.")
     description = (
-        f"Three panels. Left: over {steps[-1]} training steps (momentum {momentum:g}), the running mean of "
+        f"Three panels, one above the other. Top: over {steps[-1]} training steps (momentum {momentum:g}), the running mean of "
         f"channel 0 (blue) moves from {trace['mean'][0]:g} and the square root of the running variance "
         f"(vermillion) from {np.sqrt(trace['var'][0]):g}, ending at {mean:.2f} and {std:.2f}, near the "
         f"population values {POP_MEAN:g} and {POP_STD:g} (dotted lines), with the scattered batch means "
@@ -423,7 +424,7 @@ def plot_batchnorm(trace, gap, batch_sizes, pad) -> Figure:
         f"BatchNorm's training-mode and eval-mode outputs against the batch size from {min(batch_sizes)} to "
         f"{max(batch_sizes)}, falling from {gap['bn'][0]:.2f} to {gap['bn'][-1]:.2f}, fitted slope "
         f"{sig(slope)} (the dotted line falls like 1/√n, slope −0.5); LayerNorm's gap is "
-        f"{_exactly_zero(gap['ln'])}. Right: the largest "
+        f"{_exactly_zero(gap['ln'])}. Bottom: the largest "
         f"change of a real token's BatchNorm output when zero padding tokens enter the statistics, from "
         f"{pad['bn'][0]:.2f} to {pad['bn'][-1]:.2f} as the padded fraction of the batch goes from "
         f"{pad['pad_fraction'][0]:.2f} to {pad['pad_fraction'][-1]:.2f}, while LayerNorm's change is {_exactly_zero(pad['ln'])}.")
@@ -471,7 +472,7 @@ def plot_bn_token(batch_size=8, pad_fraction=0.0) -> Figure:
     for ax in (ax1, ax2):
         ax.axhline(0, color=BLACK, lw=0.8)
         ax.set_xlabel("channel (feature)")
-        ax.set_ylabel("normalised output (dimensionless)")
+        ax.set_ylabel("normalised output")
         ax.legend(loc="upper left")
     ax1.set_ylim(-4.0, 4.0)   # covers every frame of EXPLORABLES (largest |value| about 3.7)
     fig.suptitle(f"One token in a batch of {batch_size} real tokens + {out['n_pad']} padding tokens",

@@ -12,7 +12,7 @@ import numpy as np
 
 from preln.nn.config import BlockConfig
 from preln.chapters.inference import PUBLISHED, compute_bound_batch, decode_cost, kv_cache_bytes, step_ops
-from preln.chapters.viz import PALETTE, control
+from preln.chapters.viz import COLUMN_IN, PALETTE, control, figure_legend, legend_outside
 from preln.nb import fixed, set_alt, short_alt, span
 
 __all__ = ["EXPLORABLES", "plot_roofline", "plot_published", "plot_fusion_bytes",
@@ -56,7 +56,7 @@ def plot_roofline(roof, unfused, fused=None, times=None):
     unfused, fused: lists of :class:`preln.chapters.inference.OpTraffic`; times: {op name: seconds} for the
     unfused ops (measured), drawn as the FLOP/s each op reached.
     """
-    fig, ax = _figure((7.2, 4.4))
+    fig, ax = _figure((COLUMN_IN - 0.2, 5.6))
     lim = (0.02, 300.0)
     _roof(ax, roof, PALETTE[6], f"roofline: {roof.peak_flops / 1e9:.0f} GFLOP/s, "
           f"{roof.bandwidth / 1e9:.1f} GB/s", lim)
@@ -80,15 +80,16 @@ def plot_roofline(roof, unfused, fused=None, times=None):
     for i, (intensity, numbers) in enumerate(sorted(groups.items())):
         lift = 8 + 11 * (i % 2)                  # neighbours at two heights
         ax.annotate(",".join(numbers), (intensity, roof.attainable(intensity)), xytext=(-3, lift),
-                    textcoords="offset points", fontsize=7.5, color=PALETTE[0])
-    ax.text(0.01, 0.99, "\n".join(key), transform=ax.transAxes, fontsize=6.5, va="top",
-            color=PALETTE[0], linespacing=1.25)
+                    textcoords="offset points", fontsize=9, color=PALETTE[0])
+    # the numbers' key beside the axes, not over the data
+    ax.text(1.03, 1.0, "\n".join(key), transform=ax.transAxes, fontsize=9, va="top",
+            color=PALETTE[0], linespacing=1.2)
     ax.set_ylim(None, roof.peak_flops * 4)
     ax.set_xlim(*lim)
     ax.set_xlabel("arithmetic intensity (FLOPs per byte of main-memory traffic)")
     ax.set_ylabel("FLOP/s")
     ax.set_title(f"this machine, one BLAS thread; ridge at {roof.ridge:.1f} FLOP/B", fontsize=10)
-    ax.legend(loc="lower right")
+    legend_outside(ax, ncol=1)
     ax.minorticks_off()
     real = [o for o in unfused if o.flops > 0]
     below = sum(o.intensity < roof.ridge for o in real)
@@ -103,7 +104,7 @@ def plot_roofline(roof, unfused, fused=None, times=None):
 
 def plot_published(gpus, ops16, machine=None):
     """Published GPU rooflines (dense BF16, datasheet bandwidth), with the block's ops in 16-bit."""
-    fig, ax = _figure((7.2, 4.2))
+    fig, ax = _figure((COLUMN_IN - 0.2, 4.2))
     # a line style each: vermillion and orange are one colour under deuteranopia
     for colour, ls, (name, roof) in zip(PALETTE[:4], ["-", "--", "-.", (0, (1, 1.2))], gpus.items()):
         _roof(ax, roof, colour, f"{name}: ridge {roof.ridge:.0f} FLOP/B", ls=ls)
@@ -120,7 +121,7 @@ def plot_published(gpus, ops16, machine=None):
     ax.set_xlabel("arithmetic intensity (FLOPs per byte)")
     ax.set_ylabel("FLOP/s")
     ax.set_title("published peaks (labelled as published); triangles: the block's ops", fontsize=10)
-    ax.legend(loc="lower right")
+    legend_outside(ax, ncol=1)
     ax.minorticks_off()
     ridges = [r.ridge for r in gpus.values()]
     xs = [o.intensity for o in ops16 if o.flops > 0]
@@ -144,13 +145,13 @@ def plot_fusion_bytes(chains):
     ax.barh(y + 0.2, ub, height=0.38, color=PALETTE[0], label="unfused (one pass per numpy op)")
     ax.barh(y - 0.2, fb, height=0.38, color=PALETTE[2], label="fused (one pass)")
     for yy, a, b in zip(y, ub, fb):
-        ax.annotate(f"{a / b:.1f}x", (a, yy + 0.2), xytext=(3, -3), textcoords="offset points",
-                    fontsize=8)
+        ax.annotate(f"{a / b:.1f}×", (a, yy + 0.2), xytext=(3, -3), textcoords="offset points",
+                    fontsize=9)
     ax.set_yticks(y, labels, fontsize=9)
     ax.set_xlim(0, ub.max() * 1.15)
     ax.set_xlabel("main-memory traffic (MiB)")
     ax.grid(axis="y", visible=False)
-    ax.legend(loc="lower right")
+    legend_outside(ax, ncol=1)
     cut = ub / fb
     alt = (f"Main-memory traffic of {len(chains)} memory-bound chains, unfused against fused: fusing cuts it "
            f"{cut.min():.1f} to {cut.max():.1f} times.")
@@ -163,16 +164,19 @@ def plot_predicted_vs_measured(ops, times, roof):
     names = [o.name for o in ops if o.name in times]
     pred = np.array([float(roof.time(o.flops, o.nbytes)) for o in ops if o.name in times]) * 1e3
     meas = np.array([times[n] for n in names]) * 1e3
-    fig, ax = _figure((7.2, 3.8))
-    x = np.arange(len(names))
-    ax.bar(x - 0.2, pred, width=0.4, color=PALETTE[0], label="roofline bound")
-    ax.bar(x + 0.2, meas, width=0.4, color=PALETTE[1], label="measured")
-    ax.set_yscale("log")
-    ax.set_xticks(x, [n.replace("attn.", "").replace("mlp.", "") for n in names], rotation=45,
-                  ha="right", fontsize=8)
-    ax.set_ylabel("ms")
-    ax.grid(axis="x", visible=False)
-    ax.legend()
+    # a dot plot on a log axis (bars on a log axis have no meaningful length): one row per op,
+    # its bound and its measured time joined by a line, whose length is the ratio
+    fig, ax = _figure((COLUMN_IN - 0.2, 1.4 + 0.3 * len(names)))
+    y = np.arange(len(names))[::-1]
+    ax.hlines(y, pred, meas, color="0.6", lw=1.5)
+    ax.plot(pred, y, "o", mfc="none", mew=1.6, ms=7, color=PALETTE[0], label="roofline bound")
+    ax.plot(meas, y, "o", ms=7, color=PALETTE[1], label="measured")
+    ax.set_xscale("log")
+    ax.set_yticks(y, [n.replace("attn.", "").replace("mlp.", "") for n in names])
+    ax.set_xlabel("time of the op (ms, log scale)")
+    ax.grid(axis="y", visible=False)
+    ax.tick_params(axis="y", length=0)
+    legend_outside(ax)
     ratio = meas / pred
     alt = (f"Roofline bound and measured time of {len(names)} ops (log scale): measured {ratio.min():.1f} to "
            f"{ratio.max():.0f} times the bound.")
@@ -185,7 +189,9 @@ def plot_attention_io(panels):
 
     panels: [(xlabel, xs, standard counts, tiled counts, fit_standard, fit_tiled, title), ...]
     """
-    fig, axes = _figure((9.6, 3.3), 1, len(panels))
+    # one panel above the other at the column's width: three side by side shrank their text
+    fig, axes = _figure((COLUMN_IN - 0.2, 2.7 * len(panels)), len(panels), 1)
+    axes = np.atleast_1d(axes)
     for ax, (xlabel, xs, std, til, f_std, f_til, title) in zip(axes, panels):
         k_std, k_til = (round(f.exponent, 2) + 0.0 for f in (f_std, f_til))   # no "-0.00"
         ax.loglog(xs, std, "o", color=PALETTE[1], label=f"standard, slope {k_std:.2f}")
@@ -193,10 +199,10 @@ def plot_attention_io(panels):
         ax.loglog(xs, til, "s", color=PALETTE[0], label=f"tiled, slope {k_til:.2f}")
         ax.loglog(xs, f_til(xs), "-", color=PALETTE[0], lw=1)
         ax.minorticks_off()
-        ax.set_xticks(list(xs), [str(int(v)) for v in xs], fontsize=8)
+        ax.set_xticks(list(xs), [str(int(v)) for v in xs], fontsize=9)
         ax.set_xlabel(xlabel)
-        ax.set_title(title, fontsize=9)
-        ax.legend()
+        ax.set_title(title, loc="left", fontsize=10)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1))
     axes[0].set_ylabel("slow-memory accesses (elements)")
     def k(fit):                       # two decimals, as the legend; a Unicode minus, no "−0.00"
         return fixed(fit.exponent)
@@ -222,7 +228,7 @@ def plot_decode_times(contexts, with_cache, without_cache, fit_with, fit_without
     ax.set_xticks(list(contexts), [str(int(c)) for c in contexts])
     ax.set_xlabel("context length (tokens before the new one)")
     ax.set_ylabel("ms per generated token")
-    ax.legend()
+    legend_outside(ax, ncol=1)
     alt = (f"Time per generated token against context length, log-log: slope {fit_with.exponent:.2f} with the "
            f"KV cache, {fit_without.exponent:.2f} without.")
     description = " ".join(f"Context {int(c)}: {w * ms:.3g} ms with the cache, {wo * ms:.3g} ms without."
@@ -237,7 +243,7 @@ def plot_decode_batch(batches, measured, predicted, ridge_batch):
     ax.loglog(batches, measured, "o", color=PALETTE[1], label="measured")
     ax.axvline(ridge_batch, color=PALETTE[2], ls=":", lw=1.2)
     ax.annotate("ridge", (ridge_batch, min(measured)), xytext=(4, 0), textcoords="offset points",
-                fontsize=8, color=PALETTE[2])
+                fontsize=9, color=PALETTE[2])
     from matplotlib.ticker import LogLocator, ScalarFormatter
 
     ax.minorticks_off()
@@ -246,7 +252,7 @@ def plot_decode_batch(batches, measured, predicted, ridge_batch):
     ax.set_xticks(list(batches), [str(b) for b in batches])
     ax.set_xlabel("batch size (sequences decoded together)")
     ax.set_ylabel("generated tokens per second")
-    ax.legend()
+    legend_outside(ax, ncol=1)
     alt = (f"Decoding throughput against batch size, log-log: measured {min(measured):,.0f} to "
            f"{max(measured):,.0f} tokens/s, under the roofline bound; ridge at batch {ridge_batch:.0f}.")
     description = " ".join(f"Batch {b}: measured {m:,.0f}, bound {p:,.0f} tokens/s."
@@ -264,7 +270,7 @@ def plot_attention_terms(terms):
     """
     from matplotlib.patches import Patch
 
-    fig, ax = _figure((7.2, 3.6))
+    fig, ax = _figure((COLUMN_IN - 0.2, 3.6))
     arrays = ["Q", "K", "V", "Z", "P", "O", "l", "m", "L"]
     colours = dict(zip(arrays, [PALETTE[0], PALETTE[2], PALETTE[6], PALETTE[1], PALETTE[3],
                                 PALETTE[5], PALETTE[4], PALETTE[7], PALETTE[4]]))
@@ -326,7 +332,7 @@ def plot_decode_ops(models, machines, context, batches=None):
     is above that machine's line."""
     batches = np.unique(np.round(np.logspace(0, 12, 60, base=2)).astype(int)) if batches is None \
         else np.asarray(batches)
-    fig, axes = _figure((9.6, 3.7), 1, len(models), sharey=True)
+    fig, axes = _figure((COLUMN_IN - 0.2, 1.0 + 3.0 * len(models)), len(models), 1, sharex=True)
     axes = np.atleast_1d(axes)
     styles = {"qkv_proj": (PALETTE[0], "-"), "out_proj": (PALETTE[2], "--"),
               "mlp": (PALETTE[4], "-."), "attention": (PALETTE[1], "-")}
@@ -343,16 +349,16 @@ def plot_decode_ops(models, machines, context, batches=None):
         for label, (roof, size) in machines.items():
             line = roof.ridge * size / 2          # a machine computing in `size` bytes: its ridge
             ax.axhline(line, color=PALETTE[6], lw=0.8, ls=":")        # on the 16-bit axis
-            ax.annotate(f"{label} ridge" + (f" x {size // 2}" if size != 2 else ""),
+            ax.annotate(f"{label} ridge" + (f" × {size // 2}" if size != 2 else ""),
                         (batches[-1], line), xytext=(-2, 2), textcoords="offset points",
-                        fontsize=7, ha="right")
+                        fontsize=9, ha="right")
         ax.set_xlabel("batch (sequences decoded together)")
         kind = "multi-head" if model.group == 1 else f"grouped-query, {model.n_kv_heads} KV heads"
-        ax.set_title(f"{model.name} ({kind}), context {context}", fontsize=9)
+        ax.set_title(f"{model.name} ({kind}), context {context}", loc="left", fontsize=10)
         ax.minorticks_off()
     for ax in axes:
         ax.set_ylabel("FLOPs per byte (16-bit)")
-    axes[0].legend(loc="upper left", bbox_to_anchor=(0.0, 0.9))
+    legend_outside(axes[-1])
     # the smallest batch at which each weight matmul reaches each machine's ridge, if it is plotted
     top = int(batches[-1])
     cross = {label: [compute_bound_batch(model, roof, _step_op(model, op), context, itemsize=size,
@@ -394,7 +400,7 @@ def plot_paged_memory(paged, reserved, block_size, max_len, bytes_per_position):
     """KV-cache memory over scheduler steps: the tokens stored, what the paged cache holds (whole
     blocks), and what reserving max_len per running sequence would hold; below, how many
     sequences run per step under the paged cache and under the reservation (same pool)."""
-    fig, (ax, bx) = _figure((7.2, 5.0), 2, 1, sharex=True)
+    fig, (ax, bx) = _figure((COLUMN_IN - 0.2, 6.6), 2, 1, sharex=True)
     kib = bytes_per_position / 2**10
     steps = np.array([r.step for r in paged.steps])
     stored = np.array([r.tokens_stored for r in paged.steps]) * kib
@@ -407,15 +413,15 @@ def plot_paged_memory(paged, reserved, block_size, max_len, bytes_per_position):
     ax.plot(steps, stored, ":", color=PALETTE[2], lw=1.6, label="positions stored")
     ax.set_ylabel("KV cache (KiB)")
     ax.set_xlabel("scheduler step")
-    ax.legend(loc="upper right")
-    ax.set_title("the same running batch, two ways to hold its keys and values", fontsize=9)
+    ax.set_title("the same running batch, two ways to hold its keys and values", loc="left",
+                 fontsize=10)
     bx.step(steps, [len(r.running) for r in paged.steps], where="mid", color=PALETTE[0],
             label="paged cache")
     bx.step([r.step for r in reserved.steps], [len(r.running) for r in reserved.steps],
             where="mid", color=PALETTE[1], ls="--", label="max_len reserved, same memory")
     bx.set_xlabel("scheduler step")
     bx.set_ylabel("sequences running")
-    bx.legend(loc="upper right")
+    figure_legend(fig, (ax, bx))
     use, use_whole = stored.sum() / held.sum(), stored.sum() / whole.sum()
     runs = {}                                     # per run: (steps, mean and peak batch)
     for name, run in (("paged", paged), ("reserved", reserved)):
@@ -455,7 +461,7 @@ def plot_decode_roofline(batch=8, context=4096, gpu="H100 SXM"):
     from matplotlib.patches import Rectangle
 
     roof, cost, t, kv = _decode_point(batch, context, gpu)
-    fig, ax = _figure((6.8, 3.6))
+    fig, ax = _figure((6.8, 4.4))
     ax.set_xscale("log")
     ax.set_yscale("log")
     i = np.array([_I_LIM[0], roof.ridge, _I_LIM[1]])
@@ -471,7 +477,7 @@ def plot_decode_roofline(batch=8, context=4096, gpu="H100 SXM"):
     ax.set_ylim(1e11, 2e15)
     ax.set_xlabel("FLOPs per byte")
     ax.set_ylabel("FLOP/s")
-    ax.legend(loc="lower right")
+    legend_outside(ax)
     ax.minorticks_off()
     ax.set_title(f"context {context}: {batch / t:,.0f} tokens/s at most, {t * 1e3:.1f} ms per step",
                  fontsize=9)
@@ -489,7 +495,7 @@ def plot_decode_roofline(batch=8, context=4096, gpu="H100 SXM"):
             lw=1, transform=tr)
     ax.text(x0, y0 - 0.03, f"memory: weights {w:.1f} GB + KV cache {k:.1f} GB"
             f"{' (off the scale)' if w + k > scale else ''}; dashed: 80 GB", transform=tr,
-            fontsize=7.5, va="top")
+            fontsize=9, va="top")
     return fig
 
 

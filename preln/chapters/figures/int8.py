@@ -14,7 +14,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from preln.quant import int8 as quant
-from preln.chapters.viz import PALETTE, control
+from preln.chapters.viz import COLUMN_IN, PALETTE, control, legend_outside, series_colour
 from preln.chapters.figures.precision import Table
 from preln.nb import set_alt, short_alt, span
 
@@ -72,18 +72,18 @@ def plot_accumulators(Ks, int16_wrong, f16_err, f32_err):
     int16_wrong, f16_err, f32_err: fractions of the dot products that are wrong (int16, float32)
     or off by more than 1 % of a typical result (float16), one per K.
     """
-    fig = Figure(figsize=(6.0, 3.4))
+    fig = Figure(figsize=(6.4, 4.2))
     ax = fig.add_subplot()
-    ax.plot(Ks, 100 * np.asarray(int16_wrong), marker="o", color=VERMILLION,
+    ax.plot(Ks, 100 * np.asarray(int16_wrong), marker="o", color=PALETTE[5],
             label="int16 accumulator: results wrong (%)")
-    ax.plot(Ks, 100 * np.asarray(f16_err), marker="s", color=ORANGE,
+    ax.plot(Ks, 100 * np.asarray(f16_err), marker="s", color=series_colour("float16"),
             label="float16 accumulator: off by > 1 % of a typical result, or inf (%)")
-    ax.plot(Ks, 100 * np.asarray(f32_err), marker="^", color=BLUE,
+    ax.plot(Ks, 100 * np.asarray(f32_err), marker="^", color=series_colour("float32"),
             label="float32 accumulator: results wrong (%)")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("K, terms per dot product")
     ax.set_ylabel("dot products (%)")
-    ax.legend(loc="upper left")
+    legend_outside(ax, ncol=1)
     Ks, i16, f16, f32 = (np.asarray(a) for a in (Ks, int16_wrong, f16_err, f32_err))
     most = Ks[i16 > 0.5]
     f32_words = "float32 is exact at every K" if not f32.any() else f"float32 is wrong on up to {100 * f32.max():.2g} %"
@@ -135,19 +135,19 @@ def plot_op_errors(ops, errors):
 
 def plot_outlier_channels(before, after, channels):
     """max |LN1 output| per feature channel, before and after the injection."""
-    fig = Figure(figsize=(6.0, 3.0))
+    fig = Figure(figsize=(6.0, 3.6))
     ax = fig.add_subplot()
     d = np.arange(len(before))
     ax.bar(d - 0.2, before, width=0.4, color=BLUE, label="trained model")
     ax.bar(d + 0.2, after, width=0.4, color=VERMILLION, label="outliers injected (same function)")
     ax.axhline(6.0, color=BLACK, ls=":", lw=1)
     ax.annotate("LLM.int8 threshold 6", (len(before) - 1, 6.0), xytext=(0, 3), ha="right",
-                textcoords="offset points", fontsize=8)
+                textcoords="offset points", fontsize=9)
     ax.set_yscale("log")
     ax.set_xlabel("feature channel j of LN1's output (layer 0); outliers at " +
                   ", ".join(str(int(c)) for c in channels))
     ax.set_ylabel("max |h$_j$| over tokens")
-    ax.legend(loc="upper left")
+    legend_outside(ax)
     channels = [int(c) for c in channels]
     before, after = np.asarray(before), np.asarray(after)
     rest = np.delete(after, channels)
@@ -167,22 +167,23 @@ def plot_outlier_channels(before, after, channels):
 
 def plot_sweeps(thresholds, ppl_thr, frac_thr, alphas, ppl_alpha, ppl_float, ppl_tensor):
     """LLM.int8's threshold and SmoothQuant's alpha against held-out perplexity (outlier model)."""
-    fig = Figure(figsize=(7.0, 3.2))
+    fig = Figure(figsize=(COLUMN_IN - 0.2, 3.9))
     ax, bx = fig.subplots(1, 2, sharey=True)
-    ax.plot(thresholds, ppl_thr, marker="o", color=GREEN, label="LLM.int8")
+    ax.plot(thresholds, ppl_thr, marker="o", color=series_colour("LLM.int8"), label="LLM.int8")
     ax.axhline(ppl_float, color=BLACK, ls=":", lw=1, label="float64")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("threshold")
     ax.set_ylabel("held-out perplexity")
     for t, p, f in zip(thresholds, ppl_thr, frac_thr):
         ax.annotate(f"{100 * f:.0f}%", (t, p), xytext=(0, 5), textcoords="offset points",
-                    ha="center", fontsize=7)
-    ax.legend(loc="upper left")
-    bx.plot(alphas, ppl_alpha, marker="s", color=BLUE, label="SmoothQuant, per tensor")
+                    ha="center", fontsize=9)
+    legend_outside(ax, ncol=1)
+    bx.plot(alphas, ppl_alpha, marker="s", color=series_colour("SmoothQuant"),
+            label="SmoothQuant, per tensor")
     bx.axhline(ppl_float, color=BLACK, ls=":", lw=1)
     bx.axhline(ppl_tensor, color=VERMILLION, ls="--", lw=1, label="per-tensor W8A8")
-    bx.set_xlabel("migration strength alpha")
-    bx.legend(loc="upper center")
+    bx.set_xlabel(r"migration strength $\alpha$")
+    legend_outside(bx, ncol=1)
     ppl_thr, frac_thr, ppl_alpha = (np.asarray(a, dtype=float) for a in (ppl_thr, frac_thr, ppl_alpha))
     near = ppl_thr < 1.01 * ppl_float                            # within 1 % of the float model
     first_far = int(np.argmin(near)) if not near.all() else len(near)
@@ -262,7 +263,7 @@ def plot_matvec(rows, bandwidth):
             label="bytes / measured bandwidth")
     for yy, r in zip(y, rows):
         ax.annotate(f"{r.nbytes / 2**20:.0f} MiB", (1e3 * r.seconds, yy), xytext=(4, -3),
-                    textcoords="offset points", fontsize=8)
+                    textcoords="offset points", fontsize=9)
     ax.set_yticks(y, [r.name for r in rows], fontsize=9)
     ax.set_xlabel("ms per matrix-vector product (one core)")
     ax.set_ylabel("weight storage")
@@ -293,21 +294,23 @@ def plot_weight_only(bits, groups, ppl, ppl_float, title=""):
 
     ppl: {(method, bits, group label): perplexity}; groups: group labels in panel order.
     """
-    fig = Figure(figsize=(8.4, 3.2))
+    fig = Figure(figsize=(COLUMN_IN - 0.2, 3.8))
     axes = np.atleast_1d(fig.subplots(1, len(groups), sharey=True))
     for ax, g in zip(axes, groups):
-        for method, c, m in zip(("rtn", "gptq", "awq"), [VERMILLION, BLUE, GREEN], "os^"):
+        for method, c, m in zip(("rtn", "gptq", "awq"), [series_colour(k) for k in ("RTN", "GPTQ", "AWQ")],
+                                "os^"):
             ax.plot(bits, [ppl[method, b, g] for b in bits], marker=m, color=c,
                     label={"rtn": "round to nearest", "gptq": "GPTQ", "awq": "AWQ"}[method])
         ax.axhline(ppl_float, color=BLACK, ls=":", lw=1, label="float64")
         ax.set_yscale("log")
         ax.set_xticks(list(bits))
         ax.set_xlabel("bits per weight")
-        ax.set_title(f"groups of {g}" if g != "row" else "one scale per row", fontsize=9)
+        ax.set_title(f"groups of {g}" if g != "row" else "one scale per row", fontsize=10)
         ax.minorticks_off()
     for ax in axes:
         ax.set_ylabel("held-out perplexity" + (f"\n{title}" if title else ""))
-    axes[0].legend(loc="upper right")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=len(labels))
     from matplotlib.ticker import LogLocator, ScalarFormatter
     for ax in axes:
         ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 3.0, 5.0)))

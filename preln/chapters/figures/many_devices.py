@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from preln.chapters import parallel as par
-from preln.chapters.viz import PALETTE, control
+from preln.chapters.viz import COLUMN_IN, PALETTE, control, direct_labels, legend_outside, log_ticks
 from preln.nb import set_alt, short_alt
 
 __all__ = ["EXPLORABLES", "MEMORY_MODELS", "WORLDS", "GPU_MEMORY", "memory_per_device", "plot_memory", "memory_alt",
@@ -49,9 +49,11 @@ def _fits(mems, worlds=WORLDS):
 
 
 def plot_memory(model="Llama 2 7B", stage=0):
-    """Stacked bars: bytes per device against the data-parallel degree P, with the 80 GB line."""
+    """Stacked bars on a linear axis (segment heights proportional to bytes): bytes per device
+    against the data-parallel degree P, with the 80 GB line. The axis is the model's, the same at
+    every stage (up to its stage-0 bar), so moving the stage shows what each one takes away."""
     mems = memory_per_device(model, stage)
-    fig, ax = _figure((6.4, 4.4))
+    fig, ax = _figure((COLUMN_IN * 0.92, 4.4))
     x = np.arange(len(WORLDS))
     bottom = np.zeros(len(WORLDS))
     # blue, vermillion, green, purple: apart under deuteranopia and protanopia; the activations,
@@ -60,15 +62,17 @@ def plot_memory(model="Llama 2 7B", stage=0):
         h = np.array([getattr(m, field) for m in mems]) / 1e9
         ax.bar(x, h, bottom=bottom, color=colour, label=label, width=0.75, hatch=hatch)
         bottom += h
+    top = max(memory_per_device(model, 0)[0].total, GPU_MEMORY) / 1e9
+    ax.set_ylim(0, 1.05 * top)
     ax.axhline(GPU_MEMORY / 1e9, color=PALETTE[6], ls="--", lw=1.2)
-    ax.text(len(WORLDS) - 0.5, GPU_MEMORY / 1e9 * 0.92, "80 GB (H100)", ha="right", va="top", fontsize=9)
-    ax.set_yscale("log")
-    ax.set_ylim(0.1, 3000)
+    ax.annotate("80 GB (H100)", (len(WORLDS) - 0.5, GPU_MEMORY / 1e9), xytext=(0, 2),
+                textcoords="offset points", ha="right", va="bottom",
+                fontsize=10, bbox=dict(facecolor="white", edgecolor="none", pad=1))
     ax.set_xticks(x, [str(P) for P in WORLDS])
     ax.set_xlabel("data-parallel ranks P")
     ax.set_ylabel("memory per device (GB)")
     ax.set_title(f"{model}, ZeRO stage {stage}")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
+    legend_outside(ax, where="below")
     return fig
 
 
@@ -81,7 +85,7 @@ def memory_alt(model, stage):
     mems = memory_per_device(model, stage)
     fits = _fits(mems)
     where = (f"it fits in 80 GB from P = {fits} on" if fits else "it never fits in 80 GB, whatever P")
-    return (f"Stacked bars of memory per device, on a log scale, against the data-parallel degree P "
+    return (f"Stacked bars of memory per device, on a linear scale, against the data-parallel degree P "
             f"from 1 to 1024, for {model} at ZeRO stage {stage}: {_gb(mems[0].total)} GB at P = 1 "
             f"and {_gb(mems[-1].total)} GB at P = 1024; {where}. Stage 0 keeps every bar as tall as "
             "the first; each stage shards one more part, and what is left is what no stage shards "
@@ -100,11 +104,11 @@ def plot_tp_times(model, tokens, degrees=(1, 2, 4, 8, 16, 32, 64)):
     """One layer's training-step compute time per rank against the tensor-parallel degree, and the
     communication time of its all-reduces over each link."""
     m = par.MODELS[model]
-    fig, ax = _figure((6.2, 3.6))
+    fig, ax = _figure((COLUMN_IN - 0.2, 3.8))
     comp = [par.tp_layer_times(m, tokens, P, par.LINKS["NVLink 4"])[0] * 1e3 for P in degrees]
     comms = {name: [par.tp_layer_times(m, tokens, P, link)[1] * 1e3 for P in degrees[1:]]
              for name, link in par.LINKS.items()}
-    ax.loglog(degrees, comp, "-o", color=PALETTE[6], lw=2, label="compute (H100, dense BF16)")
+    ax.loglog(degrees, comp, "-o", color=PALETTE[6], lw=2, label="compute (H100, dense 16-bit)")
     for (name, comm), colour, marker in zip(comms.items(), PALETTE, "s^D"):
         ax.loglog(degrees[1:], comm, "--" + marker, color=colour, label=f"all-reduces over {name}")
     ax.set_xticks(degrees, [str(P) for P in degrees])
@@ -112,7 +116,8 @@ def plot_tp_times(model, tokens, degrees=(1, 2, 4, 8, 16, 32, 64)):
     ax.set_xlabel("tensor-parallel degree P")
     ax.set_ylabel("time per layer (ms)")
     ax.set_title(f"{model}, {tokens} tokens, forward + backward")
-    ax.legend()
+    log_ticks(ax, "y")
+    direct_labels(ax)
     # the words: where each link's all-reduces first take at least the compute time
     first = {name: next((P for P, c, t in zip(degrees[1:], comm, comp[1:]) if c >= t), None)
              for name, comm in comms.items()}

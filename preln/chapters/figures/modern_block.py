@@ -25,13 +25,13 @@ import json
 import numpy as np
 from matplotlib.figure import Figure
 
-from preln.models.llama_lm import LlamaLM, LlamaLMConfig, train_lm
+from preln.models.llama_lm import LlamaLM, LlamaLMConfig
 from preln.models.lm import LMConfig, TinyLM
 from preln.ops import rope_forward
 from preln.ops.rope import rope_frequencies
-from preln.models.pretrained import RECIPE, round_params, split_ids
+from preln.models.pretrained import RECIPE, round_params, split_ids, train_lm
 from preln.resources import data_path
-from preln.chapters.viz import PALETTE, control
+from preln.chapters.viz import PALETTE, control, legend_outside, series_colour, series_name
 from preln.nb import set_alt, short_alt, sig
 from preln.models.corpus import load_corpus
 
@@ -71,16 +71,16 @@ def rope_scores(d_head=16, theta=10000.0, n=64, max_offset=64, seed=0):
 
 def plot_rope_scores(theta=10000.0, d_head=16) -> Figure:
     r = rope_scores(d_head, theta)
-    fig = Figure(figsize=(6.4, 3.4))
+    fig = Figure(figsize=(6.4, 4.0))
     ax = fig.subplots()
     ax.plot(r["offset"], r["score_raw"], color=BLACK, ls=":", lw=1.5, label="no rotation")
     ax.plot(r["offset"], r["score"], color=BLUE, label="RoPE, key at position 128")
     ax.plot(r["offset"], r["score_shifted"], color=VERMILLION, ls="--", lw=1.5,
             label="RoPE, key at position 1128")
     ax.set_xlabel("offset t − t′ (query position − key position)")
-    ax.set_ylabel("score q·k / √d_h")
-    ax.set_title(f"θ = {theta:g}, d_h = {d_head}", fontsize=10)
-    ax.legend(loc="lower center")
+    ax.set_ylabel(r"score $q\cdot k/\sqrt{d_h}$")
+    ax.set_title(rf"$\theta$ = {theta:g}, $d_h$ = {d_head}", fontsize=10)
+    legend_outside(ax)
     return fig
 
 
@@ -105,9 +105,9 @@ def plot_rope_frequencies(d_head=64, thetas=(10000.0, 500000.0)) -> Figure:
     for (theta, wave), color, ls in zip(waves.items(), (BLUE, VERMILLION), ("-", "--")):
         ax.plot(np.arange(wave.size), wave, color=color, ls=ls, marker="o", ms=3, label=f"θ = {theta:g}")
     ax.set_yscale("log")
-    ax.set_xlabel("pair i (dimensions i and i + d_h/2)")
-    ax.set_ylabel("wavelength 2π/w_i (positions)")
-    ax.set_title(f"d_h = {d_head}", fontsize=10)
+    ax.set_xlabel(r"pair $i$ (dimensions $i$ and $i + d_h/2$)")
+    ax.set_ylabel(r"wavelength $2\pi/w_i$ (positions)")
+    ax.set_title(f"$d_h$ = {d_head}", fontsize=10)
     ax.legend()
     n = d_head // 2
     alt = (f"Wavelength of each of the {n} RoPE pairs, log scale, d_h {d_head}: from {sig(waves[thetas[0]][0])} "
@@ -155,11 +155,11 @@ def plot_kv_bytes(d_model=4096, context=4096) -> Figure:
     gib = np.array([b[k] for k in ks]) / 2 ** 30
     ax.bar(range(len(ks)), gib, color=[VERMILLION if k == n_heads else BLUE for k in ks])
     for i, g in enumerate(gib):
-        ax.text(i, g, f"{g:.2g}", ha="center", va="bottom", fontsize=8)
+        ax.text(i, g, f"{g:.2g}", ha="center", va="bottom", fontsize=9)
     ax.set_xticks(range(len(ks)), [str(k) for k in ks])
-    ax.set_xlabel(f"n_kv_heads (of H = {n_heads}; {n_heads} = MHA, 1 = MQA)")
+    ax.set_xlabel(f"KV heads (of H = {n_heads}; {n_heads} = MHA, 1 = MQA)")
     ax.set_ylabel("KV cache (GiB)")
-    ax.set_title(f"{KV_LAYERS} layers, D = {d_model}, d_h = {KV_D_HEAD}, {context} positions, float16",
+    ax.set_title(f"{KV_LAYERS} layers, D = {d_model}, $d_h$ = {KV_D_HEAD}, {context} positions, float16",
                  fontsize=9)
     return fig
 
@@ -283,7 +283,7 @@ def plot_training_curves(window=25) -> Figure:
     line per seed. Right: held-out perplexity every 25 steps, the mean over seeds (markers) and
     each seed (faint)."""
     runs = load_runs()
-    fig = Figure(figsize=(9.0, 3.6))
+    fig = Figure(figsize=(7.6, 3.6))
     ax1, ax2 = fig.subplots(1, 2)
     for name, entry in runs["models"].items():
         color, ls = _STYLES[name]
@@ -360,21 +360,25 @@ def loss_by_position(model, ids, seq_len, max_windows=None):
 def plot_loss_by_position(curves, trained_len=64) -> Figure:
     """curves: {label: (seq_len,) nats}, drawn as 4-position running means; the trained context
     length is marked."""
-    fig = Figure(figsize=(6.4, 3.4))
+    fig = Figure(figsize=(6.4, 4.0))
     ax = fig.subplots()
     k = 4                                                        # a 4-position running mean
-    for (label, y), (color, ls) in zip(curves.items(), [(VERMILLION, "-"), (BLUE, "-"), (GREEN, "--")]):
+    # a model's curve in the model's colour (viz.MODEL_COLOURS); variants of one model (RoPE
+    # scalings) in colours no model of the book uses, so no curve borrows another model's colour
+    variants = iter([(PALETTE[3], "-"), (PALETTE[5], "--"), (PALETTE[4], "-."), (PALETTE[7], ":")])
+    for label, y in curves.items():
+        color, ls = (series_colour(label), "-") if series_name(label) else next(variants)
         ax.plot(np.arange(y.size - k + 1) + (k - 1) / 2, _smooth(y, k), color=color, ls=ls, label=label)
     ax.axvline(trained_len - 0.5, color=BLACK, ls=":", lw=1.2)
     ax.text(trained_len + 2, ax.get_ylim()[1] * 0.95, f"trained on {trained_len} positions",
-            fontsize=8, va="top")
+            fontsize=9, va="top")
     ax.set_yscale("log")
     ticks = [0.5, 1, 2, 4, 8]
     ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
     ax.minorticks_off()
     ax.set_xlabel("position in the window (context = position + 1 characters)")
     ax.set_ylabel("held-out loss (nats/char)")
-    ax.legend(loc="upper left")
+    legend_outside(ax)
     # the words: each curve's mean loss inside the trained range (from position 8: the first
     # positions have almost no context) and, for longer curves, beyond it and beyond twice it
     L = trained_len

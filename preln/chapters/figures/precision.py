@@ -16,7 +16,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from preln.chapters import numerics
-from preln.chapters.viz import OKABE_ITO, PALETTE, control, table_caption
+from preln.chapters.viz import (COLUMN_IN, OKABE_ITO, PALETTE, control, direct_labels,
+                                figure_legend, legend_outside, table_caption, tex_number)
 from preln.nb import listed, set_alt, short_alt, sig
 
 __all__ = ["Table", "plot_number_line", "plot_softmax_overflow", "plot_layernorm_thresholds",
@@ -85,7 +86,7 @@ def plot_number_line(rows):
         lo, mid, hi = (math.log10(r[k]) for k in ("min_subnormal", "min_normal", "max"))
         ax.barh(i, mid - lo, left=lo, height=0.5, color=c, alpha=0.35, hatch="//", edgecolor=c)
         ax.barh(i, hi - mid, left=mid, height=0.5, color=c)
-        ax.annotate(f"max {r['max']:.6g}", (hi, i), xytext=(4, 0), textcoords="offset points",
+        ax.annotate(f"max {tex_number(r['max'])}", (hi, i), xytext=(4, 0), textcoords="offset points",
                     va="center", fontsize=9)
     ax.set_yticks(range(len(rows)), [r["name"] for r in rows])
     ax.set_xlabel("log$_{10}$ |value| (hatched: subnormal, solid: normal)")
@@ -107,20 +108,26 @@ def plot_softmax_overflow(t, naive, safe, threshold):
 
     t: logits (1-D); naive, safe: the probability of the first entry (NaN where it failed).
     """
-    fig = Figure()
+    fig = Figure(figsize=(COLUMN_IN - 0.2, 3.4))
     ax = fig.add_subplot()
-    ax.plot(t, safe, color=BLUE, label="subtract max (safe)")
     ok = np.isfinite(naive)
+    if not ok.all():            # where the naive softmax gives NaN: a band, named inside it
+        ax.axvspan(t[~ok].min(), t.max(), color=VERMILLION, alpha=0.12, lw=0)
+        ax.text((t[~ok].min() + t.max()) / 2, 0.6, "naive:\nNaN", ha="center", va="center",
+                color=VERMILLION, fontsize=10)
+    ax.plot(t, safe, color=BLUE, label="subtract max (safe)")
     ax.plot(t[ok], naive[ok], color=VERMILLION, ls="--", label="no max subtraction (naive)")
-    ax.scatter(t[~ok], np.ones((~ok).sum()) * 1.02, marker="x", color=VERMILLION,
-               label="naive gives NaN", zorder=3)
     ax.axvline(threshold, color=BLACK, lw=1, ls=":")
-    ax.annotate(f"ln 65520 = {threshold:.4g}", (threshold, 0.55), xytext=(4, 0),
-                textcoords="offset points", fontsize=9)
-    ax.set_xlabel("logit t of the row [t, 0] (float16)")
-    ax.set_ylabel("softmax probability of t")
-    ax.set_ylim(0.45, 1.06)
-    ax.legend(loc="lower right")
+    ax.annotate(f"ln 65520 = {threshold:.4g}", (threshold, 0.5), xytext=(-4, 0),
+                textcoords="offset points", ha="right", va="center", fontsize=10)
+    # the two curves coincide until the overflow: named together, under them, where no data is
+    x_words = t.min() + 0.28 * (t.max() - t.min())
+    ax.text(x_words, 0.76, "solid: subtract the max (safe)", color=BLUE, fontsize=10)
+    ax.text(x_words, 0.69, "dashed: no max subtraction (naive),\nthe same until exp overflows",
+            color=VERMILLION, fontsize=10, va="top")
+    ax.set_xlabel("logit $t$ of the row $[t, 0]$ (float16)")
+    ax.set_ylabel("softmax probability of $t$")
+    ax.set_ylim(0.45, 1.02)
     span = f"t from {t.min():.3g} to {t.max():.3g}"
     rise = f"from {sig(safe.min())} to {sig(safe.max())}"
     if ok.all():
@@ -133,7 +140,7 @@ def plot_softmax_overflow(t, naive, safe, threshold):
         naive_words = (f"Without it (dashed vermillion) the curve {'is the same as the safe one' if same else 'differs'}"
                        f" up to t = {first:.4g}, where exp overflows and the output becomes NaN"
                        + (" for every larger t" if (~ok)[t >= first].all() else "")
-                       + ", drawn as crosses along the top.")
+                       + ", shaded as a band.")
     alt = (f"Float16 softmax probability of t in the row [t, 0], {span}: with max-subtraction it rises {rise}; "
            f"{naive_alt}.")
     description = (f"Softmax probability of the logit t in the row [t, 0], computed in float16, for {span}. "
@@ -221,19 +228,21 @@ def plot_stream_growth(curves, widths, xavier=None):
     widths: the D whose 65520/D is drawn; xavier: optional {D: array} for Xiong et al.'s theory
     setting (Xavier initialisation), drawn dashed.
     """
-    fig = Figure()
+    fig = Figure(figsize=(COLUMN_IN - 0.2, 3.8))
     ax = fig.add_subplot()
     for (d, m), c in zip(curves.items(), [BLUE, GREEN, PURPLE]):
-        ax.plot(np.arange(len(m)), m, color=c, label=f"PyTorch init, D = {d} (float32)")
+        ax.plot(np.arange(len(m)), m, color=c, label=f"PyTorch init, D = {d}")
     # not orange: dashed like the vermillion limits, and the same colour as them under deuteranopia
     for (d, m), c in zip((xavier or {}).items(), [BLACK, SKY]):
-        ax.plot(np.arange(len(m)), m, color=c, ls="--", label=f"Xavier, theory setting, D = {d}")
+        ax.plot(np.arange(len(m)), m, color=c, ls="--", label=f"Xavier, theory, D = {d}")
     for D, ls in zip(widths, ["-", "--", ":"]):
         ax.axhline(65520.0 / D, color=VERMILLION, ls=ls, lw=1.2,
-                   label=f"float16 LayerNorm limit 65520/D, D = {D}")
-    ax.set_xlabel("depth l (blocks applied)")
+                   label=f"float16 limit, D = {D}")
+    ax.set_xlabel("depth $l$ (blocks applied)")
     ax.set_ylabel("mean square per token")
-    ax.legend(loc="upper left")
+    ax.set_title("Residual stream (float32) against float16 LayerNorm's limit $65520/D$",
+                 loc="left", fontsize=11)
+    direct_labels(ax, max_series=8)
     limits = {D: 65520.0 / D for D in widths}
 
     def reading(name, d, m):
@@ -301,7 +310,7 @@ def plot_loss_scale_window(rows, best):
 def plot_dynamic_scaling(run, grad_rms):
     """Dynamic loss scaling over steps: the scale, the headroom 65504 / max|grad|, skipped steps,
     and the entries lost with and without the scaler."""
-    fig = Figure(figsize=(6.0, 4.4))
+    fig = Figure(figsize=(COLUMN_IN - 0.2, 5.6))
     ax, bx = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
     steps = np.arange(len(run["scale"]))
     ax.plot(steps, np.log2(run["scale"]), color=BLUE, drawstyle="steps-post", label="loss scale")
@@ -311,13 +320,12 @@ def plot_dynamic_scaling(run, grad_rms):
     ax.scatter(steps[sk], np.log2(run["scale"][sk]), marker="x", color=VERMILLION, zorder=3,
                label="overflow: step skipped, scale halved")
     ax.set_ylabel("log$_2$ scale")
-    ax.legend(loc="upper left")
     bx.plot(steps, 100 * run["flushed_unscaled"], color=ORANGE, label="no loss scaling")
     bx.plot(steps, 100 * run["flushed"], color=BLUE, label="dynamic loss scaling")
     bx.set_ylabel("entries lost (%)")
     bx.set_xlabel("step (upstream gradient rms falls from "
                   f"$2^{{{math.log2(grad_rms[0]):.0f}}}$ to $2^{{{math.log2(grad_rms[-1]):.0f}}}$)")
-    bx.legend(loc="center left")
+    figure_legend(fig, (ax, bx))
     log_scale, bound = np.log2(run["scale"]), np.log2(65504.0 / run["max_abs"])
     grown = np.nonzero(np.diff(log_scale) > 0)[0]
     every = f", and otherwise doubles every {np.median(np.diff(grown)):g} steps" if grown.size > 1 else ""

@@ -10,7 +10,7 @@ import json
 import matplotlib.pyplot as plt
 import numpy as np
 
-from preln.chapters.viz import PALETTE, control
+from preln.chapters.viz import COLUMN_IN, PALETTE, control, legend_outside
 from preln.chapters.xiong import DATA_DIR, PAPER_FIG3A, fit_exponent, lemma2_bounds
 from preln.nb import fixed, listed, set_alt, short_alt, sig
 
@@ -95,7 +95,7 @@ def plot_lemma2(pre, post):
     ax.plot(np.arange(1, len(post) + 1), post, "s-", color=POST, label="Post-LN, measured")
     ax.axhline(1.5, color=POST, ls=":", lw=1.5, label="Post-LN, Lemma 2: 3/2")
     ax.set_xlabel("layer l")
-    ax.set_ylabel(r"$E\,\|x_l\|^2 / d$ (dimensionless)")
+    ax.set_ylabel(r"$E\,\|x_l\|^2 / d$")
     ax.legend(loc="upper left")
     # a Monte-Carlo estimate: "inside the band" allows 5 % sampling error, as the chapter's check does
     inside = np.all((pre >= 0.95 * lo) & (pre <= 1.05 * hi))
@@ -120,7 +120,7 @@ def plot_theorem1(depths, pre, post, fits, batch_pre=None, batch_post=None):
     pre, post: one-position gradients; fits: {"pre": (slope, c), "post": (slope, c)};
     batch_pre, batch_post (optional): gradients of the batch-mean loss, drawn as open markers.
     """
-    fig, ax = plt.subplots(figsize=(6.2, 3.8))
+    fig, ax = plt.subplots(figsize=(6.2, 4.6))
     L = np.asarray(depths, dtype=float)
     Lf = np.geomspace(L.min(), L.max(), 50)
     for key, vals, color, marker in (("pre", pre, PRE, "o"), ("post", post, POST, "s")):
@@ -137,7 +137,7 @@ def plot_theorem1(depths, pre, post, fits, batch_pre=None, batch_post=None):
     ax.minorticks_off()
     ax.set_xlabel("number of layers L")
     ax.set_ylabel(r"$\|\partial \mathcal{L} / \partial W^{2,L}\|_F$ (nats per unit weight)")
-    ax.legend(ncol=2, loc="lower left")
+    legend_outside(ax)
 
     def trend(vals, k):
         verb = "stays level" if abs(k) < 0.1 else "falls" if k < 0 else "grows"
@@ -223,7 +223,7 @@ def alt_theory_grid(depth, width):
 # ---- training --------------------------------------------------------------------------------
 def plot_training(depth, lr, seed=0):
     """Explorable: training loss of the four variants (Pre/Post-LN, with/without warm-up)."""
-    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for norm_first in (True, False):
         for warm in (True, False):
             r = find_run(norm_first, depth, lr, 100 if warm else 0, seed)
@@ -234,7 +234,7 @@ def plot_training(depth, lr, seed=0):
     ax.set_ylabel("training loss (nats/char, 10-step mean)")
     ax.set_ylim(0.8, 3.8)
     ax.set_title(f"L = {depth} layers, peak lr = {lr:g}, seed {seed}", fontsize=11)
-    ax.legend(loc="upper right")
+    legend_outside(ax)
     ends = {}                        # variant -> (run, its plotted curve)
     for norm_first in (True, False):
         for warm in (True, False):
@@ -268,7 +268,7 @@ def plot_early_updates(results):
     """The first Adam steps: update-to-weight ratio (mean over layers) and the fraction of weights
     that moved by more than lr(t)/2, per step, for results[(norm_first, warmup)] of
     :func:`preln.chapters.xiong.early_updates`."""
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9.0, 3.4), layout="constrained")
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(COLUMN_IN - 0.2, 4.2), layout="constrained")
     for (norm_first, warmup), r in results.items():
         t = np.arange(1, len(r["lr"]) + 1)
         label = f"{_name(norm_first)}, {'warm-up ' + str(warmup) if warmup else 'no warm-up'}"
@@ -277,12 +277,13 @@ def plot_early_updates(results):
         ax2.plot(t, 100 * r["sign_like"].mean(axis=1), **STYLE[(norm_first, warmup > 0)],
                  marker="o", ms=3, label=label)
     ax1.set_yscale("log")
-    ax1.set_xlabel("Adam step t")
-    ax1.set_ylabel("||W_t - W_(t-1)|| / ||W_(t-1)||\n(mean over layers)")
-    ax2.set_xlabel("Adam step t")
-    ax2.set_ylabel("% of weights moved by > lr(t)/2")
+    ax1.set_xlabel("Adam step $t$")
+    ax1.set_ylabel("$\\|W_t - W_{t-1}\\| / \\|W_{t-1}\\|$\n(mean over layers)")
+    ax2.set_xlabel("Adam step $t$")
+    ax2.set_ylabel("% of weights moved by > $\\eta_t/2$")
     ax2.set_ylim(-3, 103)
-    ax1.legend(loc="lower left")
+    handles, labels = ax1.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=2)
     steps = len(next(iter(results.values()))["lr"])
     first = {}                       # warm-up -> the update-to-weight ratio at step 1 (%), per stack
     for (norm_first, warmup), r in results.items():

@@ -13,7 +13,7 @@ import numpy as np
 
 from preln.nn.config import BlockConfig
 from preln.chapters.shapes import closed_form_flops, format_bytes, format_count, shape_flow
-from preln.chapters.viz import PALETTE, control
+from preln.chapters.viz import COLUMN_IN, PALETTE, control, direct_labels, legend_outside
 from preln.nb import set_alt, short_alt
 
 __all__ = ["EXPLORABLES", "plot_ops", "ops_alt", "plot_flops_split", "flops_split_alt",
@@ -61,7 +61,7 @@ def plot_ops(S=512, D=64, H=4, B=OPS_B, training=True):
     y = np.arange(len(rows))[::-1]
     labels = [f"{r.name}  " + (f"{len(r.outputs)} x " if len(r.outputs) > 1 else "") + _shape(r.output)
               for r in rows]
-    fig, (ax_f, ax_b) = _figure((8.0, 5.2), 1, 2, sharey=True)
+    fig, (ax_f, ax_b) = _figure((7.6, 5.4), 1, 2, sharey=True)
 
     # bars as thick horizontal lines: one LineCollection per series draws ~10x faster than patches
     flops = np.array([r.flops for r in rows], dtype=float)
@@ -72,7 +72,7 @@ def plot_ops(S=512, D=64, H=4, B=OPS_B, training=True):
     ax_f.set_xscale("log")
     ax_f.set_xlim(*_FLOPS_LIM)
     ax_f.set_ylim(-0.7, len(rows) - 0.3)
-    ax_f.set_yticks(y, labels, fontsize=8.5)
+    ax_f.set_yticks(y, labels, fontsize=9)
     ax_f.set_xticks([1e3, 1e5, 1e7, 1e9, 1e11])
     ax_f.set_xlabel("FLOPs (multiply-add = 2)")
 
@@ -148,7 +148,7 @@ def plot_flops_split(D=64, ratio=4):
     ax.set_xlabel("sequence length S (tokens)")
     ax.set_ylabel("matmul FLOPs per token")
     ax.set_title(f"D = {D}, F = {ratio}D = {F}")
-    ax.legend(loc="upper left")
+    direct_labels(ax)
     ax.minorticks_off()          # a dozen decades of minor ticks would triple the drawing time
     return fig
 
@@ -308,7 +308,7 @@ def _size_ticks(ax, sizes):
 
 def plot_flops_vs_size(sizes_S, flops_S, fit_S, sizes_D, flops_D, fit_D, S_fixed, D_fixed):
     """Counted FLOPs against S (fixed D) and against D (fixed S), with the fitted power laws."""
-    fig, (ax_s, ax_d) = _figure((8.5, 3.4), 1, 2)
+    fig, (ax_s, ax_d) = _figure((COLUMN_IN - 0.2, 3.6), 1, 2)
     for ax, x, y, fit, label, fixed in ((ax_s, sizes_S, flops_S, fit_S, "S", f"D = {D_fixed}"),
                                         (ax_d, sizes_D, flops_D, fit_D, "D", f"S = {S_fixed}")):
         ax.loglog(x, y, "o", color=PALETTE[0], label="sum of the rows")
@@ -332,7 +332,7 @@ def _size_axes(ax, x, label, ylabel, title):
 def plot_timings(sizes_S, times_S, fit_S, sizes_D, times_D, fit_D, S_fixed, D_fixed, fit_mask_S=None,
                  fit_mask_D=None, B_S=1, B_D=1):
     """Measured forward times against S and D, log-log, with the fitted slopes."""
-    fig, (ax_s, ax_d) = _figure((8.5, 3.4), 1, 2)
+    fig, (ax_s, ax_d) = _figure((COLUMN_IN - 0.2, 3.6), 1, 2)
     for ax, x, t, fit, mask, label, fixed in (
             (ax_s, sizes_S, times_S, fit_S, fit_mask_S, "S", f"D = {D_fixed}, B = {B_S}"),
             (ax_d, sizes_D, times_D, fit_D, fit_mask_D, "D", f"S = {S_fixed}, B = {B_D}")):
@@ -359,9 +359,9 @@ def plot_peak_memory(S_plain, peak_plain, S_tiled, peak_tiled, S_formula, p_byte
                      S_cross=None):
     """Measured peak bytes of the plain and tiled paths against S, with B H S^2 x 4 bytes."""
     MiB = 2.0 ** 20
-    fig, ax = _figure((6.0, 3.8))
+    fig, ax = _figure((6.0, 4.6))
     ax.loglog(S_formula, np.asarray(p_bytes_formula) / MiB, "--", color=PALETTE[6], lw=1.2,
-              label="one (B, H, S, S) float32 tensor")
+              label="one (B, H, S, S) tensor, 4 bytes an entry")
     ax.loglog(S_plain, np.asarray(peak_plain) / MiB, "o-", color=PALETTE[1],
               label="plain path (training), measured")
     ax.loglog(S_tiled, np.asarray(peak_tiled) / MiB, "s-", color=PALETTE[0],
@@ -369,11 +369,11 @@ def plot_peak_memory(S_plain, peak_plain, S_tiled, peak_tiled, S_formula, p_byte
     if S_cross is not None:
         ax.axvline(S_cross, color=PALETTE[2], lw=1.2, ls=":")
         ax.annotate(f"P outweighs the\nrest of the cache\nat S = {S_cross}", (S_cross, 0.3),
-                    xytext=(4, 0), textcoords="offset points", fontsize=8, color=PALETTE[2])
+                    xytext=(4, 0), textcoords="offset points", fontsize=9, color=PALETTE[2])
     _size_ticks(ax, S_tiled)
     ax.set_xlabel("sequence length S (tokens)")
     ax.set_ylabel("peak memory of one forward (MiB)")
-    ax.legend(loc="upper left")
+    legend_outside(ax, ncol=1)
     alt = (f"Peak memory of one forward against S, log-log: the plain path reaches {max(peak_plain) / MiB:.3g} MiB "
            f"at S = {max(S_plain)}, the tiled path {max(peak_tiled) / MiB:.3g} MiB at S = {max(S_tiled)}.")
     return set_alt(fig, short_alt(alt))

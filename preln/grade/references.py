@@ -1,0 +1,72 @@
+"""Correct versions of earlier answers, put in place while a later question is graded.
+
+A question may call an earlier answer (attention calls the student's softmax). Graded with the
+student's own earlier function, one bug would cost two questions (a cascade). The hidden checks
+of the later question say ``in_place_of("softmax", SOFTMAX)``: while its calls run in the
+sandbox, the notebook's ``softmax`` is this one, and the student's own again afterwards
+(preln.course.in_place_of). They are written with ``preln.course.code`` because they are sent
+to the sandbox as text; they run only during the later question's calls, after the earlier
+question's calls are made.
+"""
+from preln.course import code
+
+#: softmax along ``axis``; a slice that is all -inf gives zeros; keeps x's dtype
+SOFTMAX = code(
+    "lambda x, axis=-1: (lambda e: e / np.maximum(e.sum(axis, keepdims=True), "
+    "np.finfo(e.dtype).tiny))(np.exp(x - np.where(np.isfinite(x.max(axis, keepdims=True)), "
+    "x.max(axis, keepdims=True), 0)))")
+
+#: ds = dL/ds from dp = dL/dp and p = softmax(s) along ``axis``
+SOFTMAX_BACKWARD = code("lambda dp, p, axis=-1: p * (dp - (p * dp).sum(axis, keepdims=True))")
+
+#: int8 question 1: symmetric absmax quantisation -> (q int8, scale in float32 or float64)
+QUANTIZE_ABSMAX = code(
+    "lambda x, per_row=False, scale=None: (lambda ft: (lambda xs: (lambda s: (np.clip(np.rint("
+    "xs / s), -127, 127).astype(np.int8), s))(np.asarray((lambda a: np.where(a > 0, a / ft.type("
+    "127), ft.type(1)))(np.max(np.abs(xs), axis=-1, keepdims=True) if per_row else np.max("
+    "np.abs(xs))) if scale is None else scale, dtype=ft)))(x.astype(ft)))(np.result_type("
+    "x.dtype, np.float32))")
+
+#: int8 question 2: the exact int32 product of int8 a (N, K) and b (M, K)
+INT8_MATMUL = code("lambda a, b: (a.astype(np.float64) @ b.astype(np.float64).T).astype(np.int32)")
+
+#: int8 question 3: W8A8, activations per token, weights per output channel
+INT8_LINEAR = code(
+    "lambda x, w, b: (lambda qx, qw: quantize_absmax_matmul(qx[0], qw[0]).astype(np.float32) * ("
+    "qx[1] * qw[1].T) + b.astype(np.float32))(quantize(x.astype(np.float32), per_row=True), "
+    "quantize(w.astype(np.float32), per_row=True))",
+    quantize=QUANTIZE_ABSMAX, quantize_absmax_matmul=INT8_MATMUL)
+
+#: int8 question 6: round to nearest on an asymmetric grid per group of columns -> (q, scale, zero)
+RTN_GROUPS = code(
+    "lambda w, bits=4, group_size=None: (lambda g: (lambda wg: (lambda lo, hi: (lambda s: (lambda "
+    "z: (np.clip(np.rint(wg / s[..., None]) + z[..., None], 0, 2 ** bits - 1).reshape(w.shape)"
+    ".astype(np.int64), s, z))(np.rint(-lo / s)))(np.where(hi > lo, (hi - lo) / (2 ** bits - 1), "
+    "1.0)))(np.minimum(wg.min(axis=-1), 0.0), np.maximum(wg.max(axis=-1), 0.0)))(w.reshape("
+    "w.shape[0], w.shape[1] // g, g)))(w.shape[1] if group_size is None else group_size)")
+
+#: modern_block question 3: rotary embeddings, rotate-half layout, x (B, H, S, d_h) at positions (S,)
+ROPE = code(
+    "lambda x, positions, theta=10000.0: (lambda half: (lambda angle: x * np.cos(angle).astype("
+    "x.dtype) + np.concatenate([-x[..., half:], x[..., :half]], axis=-1) * np.sin(angle).astype("
+    "x.dtype))(np.tile(np.asarray(positions)[:, None] * theta ** (-2.0 * np.arange(half) / "
+    "x.shape[-1]), 2)))(x.shape[-1] // 2)")
+
+#: modern_block question 6: grouped-query attention, q (B, H, S, d_h), k, v (B, H_kv, S, d_h)
+GQA_ATTENTION = code(
+    "lambda q, k, v, causal=False: (lambda B, H, S, dh, Hkv: (lambda s: (lambda p: ((p / p.sum("
+    "-1, keepdims=True)) @ v[:, :, None]).reshape(B, H, S, dh))(np.exp(s - s.max(-1, keepdims="
+    "True))))(np.where(np.triu(np.ones((S, S), bool), 1) & bool(causal), -np.inf, q.reshape(B, "
+    "Hkv, H // Hkv, S, dh) @ k[:, :, None].swapaxes(-1, -2) / np.sqrt(dh))))(*q.shape, k.shape[1])")
+
+#: inference question 2: (FLOPs, bytes) of one decoding step of n_layers blocks at this context
+DECODE_STEP_COST = code(
+    "lambda cfg, n_layers, batch, context, itemsize=2: (n_layers * batch * (2 * (4 * cfg.d_model ** 2 "
+    "+ 2 * cfg.d_model * cfg.d_ff) + 4 * context * cfg.d_model), (n_layers * (4 * cfg.d_model ** 2 + "
+    "2 * cfg.d_model * cfg.d_ff + 9 * cfg.d_model + cfg.d_ff) + 2 * n_layers * batch * context * "
+    "cfg.d_model) * itemsize)")
+
+#: inference question 5: the bytes of a KV cache
+KV_CACHE_BYTES = code(
+    "lambda n_layers, batch, max_len, n_heads, d_head, itemsize: 2 * n_layers * batch * max_len * "
+    "n_heads * d_head * itemsize")
