@@ -55,6 +55,8 @@ SPEECH_MS = 300_000
 # (explorable frames are lazy: loading="lazy"), MathJax done, then the site's own beforeprint
 # handler (book/_static/preln-site.js: dropdowns open, wide formulas fitted to the column).
 PREPARE_JS = """async () => {
+  // paper shows the light figures: a dark twin (only-dark) would still be tagged as a Figure
+  document.querySelectorAll('img.only-dark').forEach(i => i.remove());
   const imgs = Array.from(document.querySelectorAll('img'));
   imgs.forEach(i => { i.loading = 'eager'; });
   await Promise.all(imgs.map(i => i.decode().catch(() => null)));

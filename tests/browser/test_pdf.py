@@ -231,10 +231,15 @@ def test_the_structure_has_chapters_sections_tables_and_figures_with_alt():
     assert kinds.count("/Table") >= tables, f"{tables} tables in the site's chapters, {kinds.count('/Table')} in the PDF"
     assert "/TH" in kinds, "no table header cell (TH) in the PDF"
     # a Figure that holds the image itself (not the <figure> around an image and its caption)
-    images = [e for e in elements if e["/S"] == "/Figure"
-              and not any(str(k.get_object().get("/S", "")) == "/Figure"
-                          for k in (e.get("/K") if isinstance(e.get("/K"), list) else [e.get("/K")])
-                          if k is not None and hasattr(k.get_object(), "get"))]
+    def holds_figure(e):      # a <figure> (image, caption) holds the image's Figure at any depth
+        kids = e.get("/K") if isinstance(e.get("/K"), list) else [e.get("/K")]
+        for k in kids:
+            k = k.get_object() if k is not None and hasattr(k, "get_object") else k
+            if hasattr(k, "get") and (str(k.get("/S", "")) == "/Figure" or holds_figure(k)):
+                return True
+        return False
+
+    images = [e for e in elements if e["/S"] == "/Figure" and not holds_figure(e)]
     no_alt = [i for i, e in enumerate(images) if not str(e.get("/Alt", "")).strip()]
     described = _article_count(r'<img\s(?![^>]*only-dark)[^>]*alt="[^"]+')
     assert described >= 10, f"only {described} images with alt text in the site's chapters"
