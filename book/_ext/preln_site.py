@@ -48,6 +48,7 @@ import base64
 import hashlib
 import json
 import re
+import struct
 from pathlib import Path
 
 from docutils import nodes
@@ -257,7 +258,14 @@ def apply_dark_figures(html: str, darks: dict, write) -> str:
         # both lazy: a browser fetches an image hidden by display:none unless it is lazy, so
         # each mode loads its own figures only
         lazy = (lambda tag: tag if 'loading="' in tag else tag.replace("<img", '<img loading="lazy"', 1))
-        return lazy(light) + lazy(dark)
+        # and sized before they load (the PNG's own width and height: both variants are drawn
+        # alike), so the page does not shift under the reader when a lazy image arrives
+        png = darks[sha]
+        if png[:8] != b"\x89PNG\r\n\x1a\n" or ' height="' in light:
+            return lazy(light) + lazy(dark)
+        w, h = struct.unpack(">II", png[16:24])                 # the IHDR chunk's first fields
+        sized = (lambda tag: tag.replace("<img", f'<img width="{w}" height="{h}"', 1))
+        return sized(lazy(light)) + sized(lazy(dark))
     return _SITE_IMG.sub(both, html)
 
 
