@@ -40,3 +40,7 @@ c.SandboxedExecute.timeout = 60
 # Feedback (generate_feedback, formgrader's button): every student-written markdown cell rendered
 # through an allow-list sanitiser, no script, handler, frame, form or style (preln/grade/feedback.py).
 c.GenerateFeedback.exporter_class = "preln.grade.feedback.FeedbackExporter"
+# formgrader's pages (the instructor's Jupyter origin): its exporter is a plain HTMLExporter, but its
+# template sends each markdown cell through this filter after rendering it, so the same sanitiser
+# applies there (its cells' outputs are already reduced to text and PNG by SandboxedExecute)
+c.HTMLExporter.filters = {"strip_files_prefix": "preln.grade.feedback.strip_files_prefix"}

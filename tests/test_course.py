@@ -12,6 +12,8 @@ import json
 import subprocess
 import sys
 import textwrap
+
+import nbformat
 from pathlib import Path
 
 import numpy as np
@@ -680,3 +682,46 @@ def test_the_references_put_in_place_of_earlier_answers_agree_with_the_package()
     cost = inference.decode_cost(cfg, n_layers=2, batch=3, context=100, itemsize=2)
     assert R.DECODE_STEP_COST(cfg, 2, 3, 100) == (cost.flops, cost.nbytes)
     assert R.KV_CACHE_BYTES(2, 3, 100, 4, 16, 2) == inference.kv_cache_bytes(2, 3, 100, 4 * 16, 2)
+
+
+def test_formgraders_pages_show_student_markdown_inert():
+    """formgrader renders the autograded notebook with a plain HTMLExporter and its own template;
+    assignments/nbgrader_config.py replaces the filter that template applies to rendered markdown,
+    so a student's script, handler, frame, form or style reaches the page only as text."""
+    from nbconvert.exporters import HTMLExporter
+    from nbgrader.server_extensions.formgrader import handlers
+    from traitlets.config.loader import PyFileConfigLoader
+
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(ROOT / "assignments")).load_config()
+    config.HTMLExporter.template_name = "formgrade"                  # as formgrader's own extra config
+    config.HTMLExporter.extra_template_basedirs = [handlers.template_path]
+    evil = ('FINA-ANSWER <script>document.title="x"</script><img src=x onerror="e()">'
+            '<iframe src="https://example.invalid"></iframe><style>.panel{display:none}</style>'
+            '<form><input></form>')
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(evil, metadata={"nbgrader": {
+        "solution": True, "grade": True, "points": 2, "grade_id": "w1_answer", "locked": False}}),
+        nbformat.v4.new_markdown_cell("own cell " + evil)])
+    resources = {"assignment_id": "a", "notebook_id": "a", "submission_id": "s", "index": 0, "total": 1,
+                 "base_url": "", "student": "fina", "last_name": "", "first_name": "", "notebook_path": "a"}
+    page, _ = HTMLExporter(config=config).from_notebook_node(nb, resources=resources)  # as handlers.py
+    student = page[page.index("FINA-ANSWER"):]                       # the template's own scripts come before
+    for active in ("<script", "onerror=", "<iframe", "<style", "<form", "<input"):
+        assert active not in student, active
+    assert "&lt;script&gt;document.title" in student                # shown as what it was
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--jobs", "-3"], "argument --jobs: expected at least 1 students, got -3"),
+    (["--jobs", "0"], "argument --jobs: expected at least 1 students, got 0"),
+    (["--timeout", "0"], "argument --timeout: expected at least 1 seconds, got 0"),
+    (["--timeout", "1.5"], "argument --timeout: expected an integer number of seconds, got '1.5'"),
+    (["--mem-mb", "10"], f"argument --mem-mb: expected at least {cli.MIN_MEM_MB} MB, got 10"),
+    (["--worker-mem-mb", "-1"], f"argument --worker-mem-mb: expected at least {cli.MIN_MEM_MB} MB, got -1"),
+    (["--notebook-s", "0"], "argument --notebook-s: expected at least 1 seconds, got 0"),
+])
+def test_grading_options_out_of_range_are_named(argv, words, capsys):
+    """`python -m preln.grade --jobs -3` (and the other caps) is an error naming the option, what it
+    expects and what it got, never a silent clamp."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(["submissions"] + argv)
+    assert e.value.code == 2 and words in capsys.readouterr().err

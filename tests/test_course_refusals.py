@@ -11,6 +11,7 @@ wall-clock limit on one notebook's work: the worker is stopped, its row says so,
 student's next notebook and the rest of the class are graded.
 """
 import csv
+import json
 import os
 import re
 import shutil
@@ -295,6 +296,12 @@ def test_the_grader_bounds_its_own_work_on_a_notebook(tmp_path):
         nest = [nest]
     deep.cells[0].metadata["deep"] = nest
     write(deep, subs, "deep")
+    fat = honest()                                   # few containers, but megabytes of metadata
+    fat.cells[0].metadata["fat"] = "x" * (cli.MAX_METADATA_KB * 1024 + 1)
+    write(fat, subs, "fat")
+    many = honest()
+    many.cells += [nbformat.v4.new_markdown_cell("") for _ in range(cli.MAX_CELLS)]
+    write(many, subs, "many")
     long_md = honest()
     written = next(c for c in long_md.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "w1_choices")
     written.source = "LONG-ANSWER " + BRACKETS
@@ -308,6 +315,9 @@ def test_the_grader_bounds_its_own_work_on_a_notebook(tmp_path):
     assert got["wide"]["status"].startswith(f"failed: refused: the notebook holds more than "
                                             f"{cli.MAX_CONTAINERS:,} JSON lists and objects"), got["wide"]
     assert got["deep"]["status"].startswith("failed: refused: the notebook's JSON is nested"), got["deep"]
+    assert got["fat"]["status"].startswith("failed: refused: the notebook's metadata"), got["fat"]
+    n_many = cli.MAX_CELLS + len(honest().cells)
+    assert got["many"]["status"].startswith(f"failed: refused: the notebook has {n_many:,} cells"), got["many"]
     for student in ("alice", "longmd"):
         assert got[student]["status"] == "ok" and got[student]["total"] == FULL, got[student]
     page = (out / "feedback" / "longmd" / f"{NAME}.html").read_text()
@@ -322,6 +332,11 @@ def test_the_shape_check_passes_every_fixture_notebook():
     for path in SUBS.glob("*/*/*.ipynb"):
         if path.is_file() and not path.is_symlink():
             assert cli.shape_refusal(path.read_bytes()) is None, path
+            try:
+                raw = json.loads(path.read_bytes())
+            except ValueError:                       # the fixtures that are no JSON at all
+                continue
+            assert cli.size_refusal(raw) is None, path
 
 
 #: a worker's cap in the test below: above what an honest notebook needs (under 700 MB here, the
@@ -330,12 +345,13 @@ TEST_WORKER_MB, HEAVY_MB = 900, 60
 
 
 def test_the_worker_has_a_memory_cap_of_its_own(tmp_path):
-    """A notebook under every size limit whose parses and copies take the grading worker past its
-    address-space cap (--worker-mem-mb) loses its row, with the reason; the honest one is graded."""
+    """A notebook under every size limit (a 60 MB output) whose parses and copies take the grading
+    worker past its address-space cap (--worker-mem-mb) loses its row, with the reason; the honest one is graded."""
     subs = tmp_path / "class"
     write(honest(), subs, "alice")
-    heavy = honest()
-    heavy.cells[0].metadata["blob"] = "x" * (HEAVY_MB * 2 ** 20)
+    heavy = honest()                                 # the blob in an output: under the metadata cap
+    code = next(c for c in heavy.cells if c.cell_type == "code")
+    code.outputs = [nbformat.v4.new_output("stream", name="stdout", text="x" * (HEAVY_MB * 2 ** 20))]
     write(heavy, subs, "heavy")
     res, _ = grade(subs, tmp_path / "out", "--timeout", str(CELL_S), "--worker-mem-mb", str(TEST_WORKER_MB))
     completed(res, tmp_path)

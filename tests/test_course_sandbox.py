@@ -5,7 +5,9 @@ runner and the kernel inside it): what it can see, write, reach and start. Then 
 without a working bwrap refuses and says what to install, and --no-sandbox grades with every row
 saying so (and refuses a class marked as hostile)."""
 import csv
+import ctypes
 import json
+import mmap
 import os
 import platform
 import shutil
@@ -516,3 +518,61 @@ def test_no_lock_or_page_cache_probe_reaches_a_shared_file(tmp_path):
     out = _run_cell(tmp_path, CHANNELS, "channels")
     got = dict(line.split()[1:3] for line in out.splitlines() if line.startswith("CHANNEL"))
     assert got == REFUSED, got
+
+
+# ---- issue 36, item 1: no bit left in the page cache for the next sandbox --------------------------
+PAGE = mmap.PAGESIZE
+#: pages the writer reads, far apart (each read also brings in its readahead window)
+WRITER_PAGES, WRITER_STRIDE = 64, 256
+
+
+def _resident_pages(path):
+    """Pages of ``path`` in the page cache (mincore over a mapping, as util-linux's fincore)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    size = os.path.getsize(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        vec = ctypes.create_string_buffer((size + PAGE - 1) // PAGE)
+        assert libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) == 0, ctypes.get_errno()
+        libc.munmap(ctypes.c_void_p(addr), size)
+        return sum(b & 1 for b in vec.raw)
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def evicted_shared_file():
+    """A file in the Python environment (which every sandbox sees read-only) that nobody else
+    reads, written, flushed and evicted from the page cache here (as root): none of it cached."""
+    path = Path(sys.prefix) / f"preln-page-cache-probe-{os.getpid()}.bin"
+    path.write_bytes(os.urandom(WRITER_PAGES * WRITER_STRIDE * PAGE))
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+        assert _resident_pages(path) == 0, path
+        yield path
+    finally:
+        path.unlink()
+
+
+def test_no_bit_is_left_in_the_page_cache_for_the_next_sandbox(tmp_path, evicted_shared_file):
+    """A notebook reads pages of a large shared file that nobody had cached (the writer of a
+    page-cache relay: a read sets a bit a later notebook can time); when its sandbox is gone, none
+    of those pages is cached: its cgroup's file pages are evicted before the cgroup is removed."""
+    try:
+        sandbox.Cgroup("probe", 64, 8).remove()
+    except sandbox.CgroupUnavailable as e:
+        pytest.fail(f"no cgroup here ({e}): without one the page cache keeps what a sandbox read")
+    path = evicted_shared_file
+    writer = (f"import os\nfd = os.open({str(path)!r}, os.O_RDONLY)\n"
+              f"print('READ', sum(len(os.pread(fd, 1, i * {WRITER_STRIDE * PAGE})) "
+              f"for i in range({WRITER_PAGES})))")
+    out = _run_cell(tmp_path, writer, "writer")
+    assert f"READ {WRITER_PAGES}" in out, out                           # the reads happened
+    assert _resident_pages(path) == 0, f"{_resident_pages(path)} pages of {path} still cached"

@@ -160,6 +160,11 @@ MAX_NOTEBOOK_MB, MAX_CELL_KB, MAX_SOURCE_KB = 64, 256, 2048
 #: holds about a hundred, 6 deep (the fixture class); every parse and copy of one (nbformat,
 #: nbgrader, deepcopy) costs memory per container, 4 GB for 8 million empty lists in 24 MB
 MAX_CONTAINERS, MAX_DEPTH = 100_000, 64
+#: cells, and metadata (the notebook's and every cell's, as JSON), of a notebook the grader hands to
+#: nbformat, nbgrader and the sandbox: a real submission has about 40 cells and a few kB of metadata
+#: (JupyterLab's widget state included); checked on a plain JSON parse, before nbformat validates
+#: and copies the notebook
+MAX_CELLS, MAX_METADATA_KB = 2_000, 4096
 #: address space of a grading worker (the grader's own process for one student): a notebook the
 #: shape check lets through still cannot take the host's memory
 WORKER_MEM_MB = 4096
@@ -234,6 +239,21 @@ def shape_refusal(data):
     return None
 
 
+def size_refusal(raw):
+    """Why the parsed JSON ``raw`` has more cells or metadata than the grader takes (None if not)."""
+    cells = raw.get("cells") if isinstance(raw, dict) else None
+    if not isinstance(cells, list):
+        return None                                              # not a notebook: nbformat says why
+    if len(cells) > MAX_CELLS:
+        return f"{REFUSED}: the notebook has {len(cells):,} cells (more than {MAX_CELLS:,})"
+    metas = [raw.get("metadata")] + [c.get("metadata") for c in cells if isinstance(c, dict)]
+    size = sum(len(json.dumps(m, ensure_ascii=False)) for m in metas if m is not None)
+    if size > MAX_METADATA_KB * 1024:
+        return (f"{REFUSED}: the notebook's metadata (its own and its cells') is {size // 1024:,} kB "
+                f"(more than {MAX_METADATA_KB:,} kB; a notebook holds a few kB)")
+    return None
+
+
 def check_submission(data, source_nb):
     """(notebook, None) if ``data`` is a notebook with every graded cell of the source, else (None, the
     reason it is not)."""
@@ -243,7 +263,11 @@ def check_submission(data, source_nb):
     if reason is not None:
         return None, reason
     try:
-        nb = nbformat.reads(data.decode("utf-8"), as_version=4)
+        text = data.decode("utf-8")
+        reason = size_refusal(json.loads(text))
+        if reason is not None:
+            return None, reason
+        nb = nbformat.reads(text, as_version=4)
     except Exception as e:                                       # noqa: BLE001: any unreadable file
         return None, f"not a readable notebook ({type(e).__name__})"
     big = [i for i, c in enumerate(nb.cells) if len(c.get("source", "")) > MAX_CELL_KB * 1024]
@@ -610,7 +634,7 @@ def grade(args):
                 sheets[name].add(student, status, {}, sandboxed=not args.no_sandbox)
             queue += [(student, f, todo_f) for f, todo_f in todo.items()]
         total = sum(len(t) for _, _, t in queue)
-        jobs = max(1, args.jobs)
+        jobs = args.jobs
         print(f"make grade: {total} notebook(s) of {len(students)} student(s), {jobs} at a time"
               f"{'' if not args.no_sandbox else ' (NOT sandboxed)'}", flush=True)
         done = run_workers(queue, args, template, tmp, jobs, sheets, total, t_start)
@@ -742,6 +766,23 @@ def report(msg, sheets, done, total, t_start, args):
             print(msg["trace"], file=sys.stderr)
 
 
+#: a floor for the memory options: below it neither a kernel with numpy nor the grader's worker starts
+MIN_MEM_MB = 256
+
+
+def at_least(low, unit):
+    """An argparse type: an integer of at least ``low`` (argparse names the option in the error)."""
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer number of {unit}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected at least {low} {unit}, got {value}")
+        return value
+    return parse
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m preln.grade", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -753,15 +794,15 @@ def main(argv=None):
                     help="the instructor edition: a folder with nbgrader_config.py and source/<name>/<name>.ipynb "
                          f"(default: {nbtools.COURSE})")
     ap.add_argument("--assignment", action="append", default=None, help="grade only this assignment (repeatable)")
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="students graded at a time (default: cores)")
-    ap.add_argument("--timeout", type=int, default=60, help="seconds per cell and per question's calls (default 60)")
-    ap.add_argument("--call-timeout", type=int, default=10, help="seconds per call of an answer (default 10)")
-    ap.add_argument("--mem-mb", type=int, default=2048, help="address space of each process in the sandbox")
-    ap.add_argument("--cpu-s", type=int, default=600, help="CPU seconds of each process in the sandbox")
-    ap.add_argument("--total-mem-mb", type=int, default=4096, help="memory of a sandbox's processes together")
-    ap.add_argument("--worker-mem-mb", type=int, default=WORKER_MEM_MB,
+    ap.add_argument("--jobs", type=at_least(1, "students"), default=os.cpu_count() or 1, help="students graded at a time (default: cores)")
+    ap.add_argument("--timeout", type=at_least(1, "seconds"), default=60, help="seconds per cell and per question's calls (default 60)")
+    ap.add_argument("--call-timeout", type=at_least(1, "seconds"), default=10, help="seconds per call of an answer (default 10)")
+    ap.add_argument("--mem-mb", type=at_least(MIN_MEM_MB, "MB"), default=2048, help="address space of each process in the sandbox")
+    ap.add_argument("--cpu-s", type=at_least(1, "seconds"), default=600, help="CPU seconds of each process in the sandbox")
+    ap.add_argument("--total-mem-mb", type=at_least(MIN_MEM_MB, "MB"), default=4096, help="memory of a sandbox's processes together")
+    ap.add_argument("--worker-mem-mb", type=at_least(MIN_MEM_MB, "MB"), default=WORKER_MEM_MB,
                     help=f"address space of the grader's worker per student (default {WORKER_MEM_MB})")
-    ap.add_argument("--notebook-s", type=int, default=1200,
+    ap.add_argument("--notebook-s", type=at_least(1, "seconds"), default=1200,
                     help="seconds of all the work on one notebook, in the grader and its sandbox (default 1200)")
     ap.add_argument("--no-sandbox", action="store_true", help="grade without bubblewrap (unprotected; rows say so)")
     ap.add_argument("--no-feedback", action="store_true", help="skip the HTML feedback")

@@ -13,13 +13,18 @@ score banner and the tests cells' verdicts are the grader's own: nothing left in
 markdown can restyle, cover or script them.
 
 make grade uses it (cli.make_api); assignments/nbgrader_config.py sets it for stock nbgrader's
-generate_feedback too.
+generate_feedback too. formgrader renders the autograded notebook with its own template and a plain
+``HTMLExporter``, whose class no setting replaces; its markdown cells pass through the
+``strip_files_prefix`` filter after ``markdown2html``, and an exporter's filters are configurable:
+nbgrader_config.py puts :func:`strip_files_prefix` (nbconvert's, then :func:`clean`) in its place, so
+formgrader's pages show a student's markdown as inert as the feedback does.
 """
 import html
 import re
 
 import bleach
 from nbconvert.exporters import HTMLExporter
+from nbconvert.filters import strip_files_prefix as nbconvert_strip_files_prefix
 
 #: the tags markdown produces (and a written answer needs): text, lists, tables, code, links, images
 TAGS = frozenset({"a", "abbr", "b", "blockquote", "br", "code", "dd", "del", "div", "dl", "dt", "em",
@@ -50,6 +55,12 @@ def clean(html):
     else is escaped, so it shows as the text it was."""
     return bleach.clean(html, tags=TAGS, attributes=allowed, protocols=PROTOCOLS, strip=False,
                         strip_comments=True)
+
+
+def strip_files_prefix(text):
+    """nbconvert's ``strip_files_prefix`` filter, then :func:`clean`: what formgrader's template
+    applies to every rendered markdown cell (assignments/nbgrader_config.py)."""
+    return clean(nbconvert_strip_files_prefix(text))
 
 
 #: characters of one markdown cell rendered as markdown, and of all the notebook's: mistune's time
