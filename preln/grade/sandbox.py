@@ -429,11 +429,7 @@ class Cgroup:
                     continue
                 except OSError:
                     pass
-            try:
-                pids = (d / "cgroup.procs").read_text().split()
-            except OSError:
-                continue
-            for pid in pids:
+            for pid in self._tasks(d):
                 try:
                     os.kill(int(pid), signal.SIGKILL)
                 except (ProcessLookupError, ValueError):
@@ -445,7 +441,7 @@ class Cgroup:
         cached after it, and a later notebook can time its reads and find it (about 1 µs against
         15 µs from the disk): a bit per page, a relay between sandboxes (issue 36, item 1). Pages
         that were cached before the sandbox are charged elsewhere and stay; what the sandbox brought
-        in goes, so the cache is as the sandbox found it. Best effort: False if the kernel refused."""
+        in goes, so the cache is as the sandbox found it. Best effort: a refusal is left as it is."""
         try:
             if self.version == 1:
                 (d / "memory.force_empty").write_text("0")       # v1: reclaim all, once the tasks are gone
@@ -458,9 +454,8 @@ class Cgroup:
                         (d / "memory.reclaim").write_text(str(left))
                     except BlockingIOError:
                         continue
-            return True
         except (OSError, ValueError):
-            return False
+            pass
 
     def _memory_dirs(self):
         return [d for d in self.dirs if (d / ("memory.force_empty" if self.version == 1 else "memory.current")).exists()]
