@@ -268,6 +268,8 @@ def check_submission(data, source_nb):
         if reason is not None:
             return None, reason
         nb = nbformat.reads(text, as_version=4)
+    except MemoryError:                  # a readable notebook too big for the worker: its own reason
+        raise
     except Exception as e:                                       # noqa: BLE001: any unreadable file
         return None, f"not a readable notebook ({type(e).__name__})"
     big = [i for i, c in enumerate(nb.cells) if len(c.get("source", "")) > MAX_CELL_KB * 1024]
