@@ -108,21 +108,27 @@ test-python-%:
 # The stored outputs must be what any reader's machine computes, and OpenBLAS picks its kernels by
 # CPU (other kernels, other round-off). So nbval runs every notebook under several kernels:
 # "default" leaves OPENBLAS_CORETYPE unset (OpenBLAS picks by CPU), the others force a family —
-# Haswell (AVX2), SkylakeX (AVX-512) and Prescott (the generic SSE3 one). Two run at a time, each on
-# one BLAS thread; `make test-notebooks NB_KERNELS=default` runs one. Logs: _build/nbval/<kernel>.log;
+# Haswell (AVX2), SkylakeX (AVX-512) and Prescott (the generic SSE3 one). Each kernel's run is cut in
+# NB_PARTS parts (every NB_PARTS-th notebook), and two parts run at a time, each on one BLAS thread: with
+# three kernels on two cores no core waits idle through a whole third run; `make test-notebooks
+# NB_KERNELS=default` runs one kernel. Logs: _build/nbval/<kernel>.<part>.log;
 # tests/nbval_progress.py prints a line per notebook and kernel as each finishes (on file descriptor 3,
 # which the recipe opens on the terminal; the two kernels' lines interleave, each names its kernel).
 NB_KERNELS ?= default Haswell SkylakeX Prescott
+NB_PARTS ?= 2
 CORETYPE = $(if $(filter default,$(1)),env -u OPENBLAS_CORETYPE,env OPENBLAS_CORETYPE=$(1))
+# part $(2) of $(NB_PARTS) of the notebooks: every NB_PARTS-th one, from the $(2)-th
+NB_PART = $(foreach n,$(shell seq $(2) $(NB_PARTS) $(words $(NOTEBOOKS))),$(word $(n),$(NOTEBOOKS)))
 
 test-notebooks: install
 ifeq ($(strip $(NOTEBOOKS)),)
 	@echo "test-notebooks: no notebooks in book/"
 else
 	@mkdir -p _build/nbval && rm -f _build/nbval/*.result
-	@$(MAKE) --no-print-directory -j2 $(addprefix nbval-kernel-,$(NB_KERNELS))
+	@$(MAKE) --no-print-directory -j2 \
+	  $(foreach k,$(NB_KERNELS),$(foreach i,$(shell seq $(NB_PARTS)),nbval-kernel-$(k)@$(i)))
 	@echo "test-notebooks: every notebook reproduced its stored outputs under:" \
-	  "$$(cd _build/nbval && for k in $(NB_KERNELS); do printf '%s ' "$$(cat $$k.result)"; done)"
+	  "$$(cd _build/nbval && for k in $(NB_KERNELS); do printf '%s ' "$$(cat $$k.*.result | sort -u)"; done)"
 endif
 
 # A learner's laptop is busy with other work: the chapters' asserted measurements must still hold.
@@ -140,22 +146,26 @@ HAVE_AVX512 := $(shell grep -qs avx512f /proc/cpuinfo && echo yes)
 KERNEL_NAMES = $(call CORETYPE,$(1)) $(BIN)/python -c \
   'import numpy; from preln.blas import openblas_corenames as f; print(*sorted(set(f())))'
 
+# nbval-kernel-<kernel>@<part>: one part of one kernel's run (nbval-kernel-<kernel>: all its notebooks)
 nbval-kernel-%: install
 	@mkdir -p _build/nbval
-	@if [ -n "$(filter $*,$(AVX512_KERNELS))" ] && [ "$(HAVE_AVX512)" != yes ]; then \
-	  echo "== nbval, OpenBLAS kernel: $* NOT RUN: this CPU has no AVX-512, so $*'s kernels cannot execute here"; \
-	  echo "($* not run: no AVX-512)" > _build/nbval/$*.result; exit 0; fi; \
-	runs="$$($(call KERNEL_NAMES,$*))"; \
-	if [ "$*" != default ] && [ -n "$(filter default,$(NB_KERNELS))" ] \
+	@kernel="$(word 1,$(subst @, ,$*))"; part="$(or $(word 2,$(subst @, ,$*)),all)"; \
+	nbs="$(if $(word 2,$(subst @, ,$*)),$(call NB_PART,,$(word 2,$(subst @, ,$*))),$(NOTEBOOKS))"; \
+	log=_build/nbval/$$kernel.$$part.log; result=_build/nbval/$$kernel.$$part.result; \
+	if [ -n "$(filter $(word 1,$(subst @, ,$*)),$(AVX512_KERNELS))" ] && [ "$(HAVE_AVX512)" != yes ]; then \
+	  echo "== nbval, OpenBLAS kernel: $$kernel NOT RUN: this CPU has no AVX-512, so $$kernel's kernels cannot execute here"; \
+	  echo "($$kernel not run: no AVX-512)" > $$result; exit 0; fi; \
+	runs="$$($(call KERNEL_NAMES,$(word 1,$(subst @, ,$*))))"; \
+	if [ "$$kernel" != default ] && [ -n "$(filter default,$(NB_KERNELS))" ] \
 	   && [ "$$runs" = "$$($(call KERNEL_NAMES,default))" ]; then \
-	  echo "== nbval, OpenBLAS kernel: $* (runs: $$runs) NOT RUN twice: the default run (OPENBLAS_CORETYPE unset) runs these kernels on this CPU"; \
-	  echo "($* = default here)" > _build/nbval/$*.result; exit 0; fi; \
-	echo "== nbval, OpenBLAS kernel: $* (runs: $$runs)"; \
-	$(call CORETYPE,$*) $(ONE_THREAD) $(BIN)/python -m pytest -q -p no:cacheprovider \
-	  -p tests.nbval_progress --progress-fd=3 --progress-label="nbval $*" --progress-log=_build/nbval/$*.log \
-	  $(NBVAL) $(NOTEBOOKS) 3>&1 > _build/nbval/$*.log 2>&1 \
-	  && { tail -n 2 _build/nbval/$*.log; echo "$*$$([ "$*" = default ] && echo " ($$runs)")" > _build/nbval/$*.result; } \
-	  || { cat _build/nbval/$*.log; echo "nbval FAILED under OpenBLAS kernel $*"; exit 1; }
+	  echo "== nbval, OpenBLAS kernel: $$kernel (runs: $$runs) NOT RUN twice: the default run (OPENBLAS_CORETYPE unset) runs these kernels on this CPU"; \
+	  echo "($$kernel = default here)" > $$result; exit 0; fi; \
+	echo "== nbval, OpenBLAS kernel: $$kernel, part $$part (runs: $$runs)"; \
+	$(call CORETYPE,$(word 1,$(subst @, ,$*))) $(ONE_THREAD) $(BIN)/python -m pytest -q -p no:cacheprovider \
+	  -p tests.nbval_progress --progress-fd=3 --progress-label="nbval $$kernel" --progress-log=$$log \
+	  $(NBVAL) $$nbs 3>&1 > $$log 2>&1 \
+	  && { tail -n 2 $$log; echo "$$kernel$$([ "$$kernel" = default ] && echo " ($$runs)")" > $$result; } \
+	  || { cat $$log; echo "nbval FAILED under OpenBLAS kernel $$kernel"; exit 1; }
 
 # --- the course edition (issue 9): nbgrader lives in requirements-course.txt, not in the reader's install
 COURSE_STAMP := $(VENV)/.course-stamp
