@@ -576,3 +576,60 @@ def test_no_bit_is_left_in_the_page_cache_for_the_next_sandbox(tmp_path, evicted
     out = _run_cell(tmp_path, writer, "writer")
     assert f"READ {WRITER_PAGES}" in out, out                           # the reads happened
     assert _resident_pages(path) == 0, f"{_resident_pages(path)} pages of {path} still cached"
+
+
+# --- issue 36, item 1: sandboxes of different views never run at the same time ------------------
+#: seconds each sandbox stand-in holds the gate in the test below, and when each asks for it
+GATE_HOLD_S, GATE_ASKS = 0.4, (("A", 0.0), ("A", 0.05), ("B", 0.1), ("A", 0.2))
+
+
+def _hold_gate(view, path, delay, results):
+    time.sleep(delay)
+    with sandbox.ViewGate(view, path):
+        t0 = time.monotonic()
+        time.sleep(GATE_HOLD_S)
+        results.put((view, t0, time.monotonic()))
+
+
+def test_the_gate_lets_only_sandboxes_of_one_view_run_together(tmp_path):
+    """Two sandboxes of the same view run together; one of another view waits until they are done,
+    and a later one of the first view waits behind it (first come, first served: nobody starves)."""
+    import multiprocessing
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_hold_gate, args=(v, tmp_path / "gate", d, results)) for v, d in GATE_ASKS]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(30)
+    runs = sorted((results.get(timeout=5) for _ in procs), key=lambda r: r[1])
+    assert [v for v, _, _ in runs] == ["A", "A", "B", "A"], runs
+    (a1, s1, e1), (a2, s2, e2), (b, sb, eb), (a3, s3, e3) = runs
+    assert s2 < e1, "two sandboxes of one view did not run together"
+    assert sb >= max(e1, e2) and s3 >= eb, f"sandboxes of different views overlapped: {runs}"
+    assert json.loads((tmp_path / "gate").read_text()) == {"view": None, "holders": [], "queue": []}
+
+
+def _gate_state(path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def test_a_dead_holder_does_not_keep_the_gate(tmp_path):
+    """A grading worker killed while its sandbox held the gate (its notebook over the time limit)
+    leaves an entry of a dead process: the next one ignores it."""
+    import multiprocessing
+    ctx = multiprocessing.get_context("fork")
+    holder = ctx.Process(target=lambda: (sandbox.ViewGate("A", tmp_path / "gate").__enter__(), time.sleep(60)))
+    holder.start()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not _gate_state(tmp_path / "gate").get("holders"):
+        time.sleep(0.02)
+    assert _gate_state(tmp_path / "gate")["holders"], "the holder never took the gate"
+    holder.kill()
+    holder.join()
+    t0 = time.monotonic()
+    with sandbox.ViewGate("B", tmp_path / "gate"):
+        assert time.monotonic() - t0 < 1.0

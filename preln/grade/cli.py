@@ -388,7 +388,10 @@ def grade_student(conn, student, folder, names, args, template, tmp, slot):
     warnings.filterwarnings("ignore")
     # the worker's own memory, under a cap of its own (the soft limit: the sandbox it starts sets its own)
     resource.setrlimit(resource.RLIMIT_AS, (args.worker_mem_mb * 2 ** 20, resource.getrlimit(resource.RLIMIT_AS)[1]))
-    from . import autograde
+    from . import autograde, sandbox
+    # a sandbox waiting its turn at the host's gate (sandbox.ViewGate): the parent's clock for this
+    # notebook stops meanwhile
+    sandbox.on_gate = lambda event: conn.send({"gate": event})
     os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
     course = Path(tempfile.mkdtemp(prefix=f"student-{slot}-", dir=tmp))
     shutil.copytree(template / "source", course / "source")
@@ -667,6 +670,7 @@ def run_workers(queue, args, template, tmp, jobs, sheets, total, t_start):
     ctx = multiprocessing.get_context("fork")      # the workers inherit the plans and views made here
     free = list(range(jobs))
     running = {}                      # conn -> [process, student, folder, names still to come, slot, (name, started)]
+    paused = {}                       # conn -> when its worker began to wait at the sandbox gate
     done = 0
     pending = list(queue)
     while pending or running:
@@ -694,10 +698,18 @@ def run_workers(queue, args, template, tmp, jobs, sheets, total, t_start):
                     current, started = msg["start"], time.monotonic()
                     running[conn][5] = (current, started)
                     continue
+                if "gate" in msg:             # waiting at the sandbox gate: not the notebook's time
+                    if msg["gate"] == "wait":
+                        paused[conn] = time.monotonic()
+                    elif conn in paused:
+                        started += time.monotonic() - paused.pop(conn)
+                        running[conn][5] = (current, started)
+                    continue
                 names.remove(msg["assignment"])
                 done += 1
                 report(msg, sheets, done, total, t_start, args)
-            if p.is_alive() and not eof and names and time.monotonic() - started > args.notebook_s:
+            if p.is_alive() and not eof and names and conn not in paused \
+                    and time.monotonic() - started > args.notebook_s:
                 # one notebook's work, in the grader's worker and its sandbox, has outlived its limit:
                 # the worker goes (with its sandbox), the row says so, the student's other notebooks
                 # get a new worker and the rest of the class is graded
@@ -713,6 +725,7 @@ def run_workers(queue, args, template, tmp, jobs, sheets, total, t_start):
                     pending.insert(0, (student, folder, list(names)))
                 conn.close()
                 del running[conn]
+                paused.pop(conn, None)
                 free.append(slot)
                 continue
             if eof or not p.is_alive():
@@ -724,6 +737,7 @@ def run_workers(queue, args, template, tmp, jobs, sheets, total, t_start):
                     report(msg, sheets, done, total, t_start, args)
                 conn.close()
                 del running[conn]
+                paused.pop(conn, None)
                 free.append(slot)
     return done
 

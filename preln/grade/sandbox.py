@@ -24,6 +24,7 @@ Outside, a watchdog kills the whole sandbox when its processes together hold mor
 ``total_mem_mb`` of memory, or when it runs longer than ``wall_s``. The only thing read back is the
 runner's JSON document on the sandbox's standard output (at most ``max_result_mb``).
 """
+import contextlib
 import dataclasses
 import errno
 import json
@@ -287,6 +288,101 @@ def next_uid(base, counter=None):
     finally:
         os.close(fd)
     return uid
+
+
+# ---- one view at a time: no channel between sandboxes that run together (issue 36, item 1) ----
+#: the host's sandbox gate: a JSON state under flock, shared by every grader process on the host
+VIEW_GATE = UID_COUNTER / "preln-grader-views"
+#: how often a sandbox waiting at the gate looks again
+GATE_POLL_S = 0.02
+#: called with "wait" when a sandbox starts waiting at the gate and "go" when its turn comes (the
+#: grading worker tells its parent, whose clock per notebook stops meanwhile)
+on_gate = None
+
+
+def _process_id(pid):
+    """(pid, start time) of a live process, or None: a pid alone could be a later process's."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return [pid, int(stat.rsplit(")", 1)[1].split()[19])]
+
+
+class ViewGate:
+    """Sandboxes run together only when they hold the same view of the package.
+
+    Two sandboxes that run at the same time share the host: its page cache (a page one reads is
+    fast for the other to read), its CPU (one's load slows the other), its free memory. Each is a
+    channel no system-call filter closes. A relay is worth something only from a sandbox whose view
+    holds code the other's withholds, so sandboxes of different views take turns: first come,
+    first served, and one of the same view as those running joins them only if nobody of another
+    view waits before it (then it waits its turn)."""
+
+    def __init__(self, view, path=None):
+        self.view, self.path = str(view), Path(path or VIEW_GATE)
+        self.me = _process_id(os.getpid())
+
+    def _update(self, change):
+        """Apply ``change(state)`` under the host's lock; return what it returns."""
+        import fcntl
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                state = json.loads(os.read(fd, 1 << 20) or b"{}")
+            except ValueError:
+                state = {}
+            alive = lambda e: _process_id(e[0]) == e[:2]                      # noqa: E731
+            state = {"view": state.get("view"),
+                     "holders": [e for e in state.get("holders", []) if alive(e)],
+                     "queue": [e for e in state.get("queue", []) if alive(e)]}
+            if not state["holders"]:
+                state["view"] = None
+            out = change(state)
+            os.lseek(fd, 0, os.SEEK_SET)
+            os.ftruncate(fd, 0)
+            os.write(fd, json.dumps(state).encode())
+            return out
+        finally:
+            os.close(fd)
+
+    def _try(self, state):
+        mine = [*self.me, self.view]
+        if mine not in state["queue"]:
+            state["queue"].append(mine)
+        ahead = state["queue"][:state["queue"].index(mine)]
+        if state["view"] in (None, self.view) and all(e[2] == self.view for e in ahead):
+            state["queue"].remove(mine)
+            state["holders"].append(mine)
+            state["view"] = self.view
+            return True
+        return False
+
+    def _leave(self, state):
+        mine = [*self.me, self.view]
+        for key in ("holders", "queue"):
+            if mine in state[key]:
+                state[key].remove(mine)
+        if not state["holders"]:
+            state["view"] = None
+
+    def __enter__(self):
+        try:
+            if not self._update(self._try):
+                if on_gate is not None:
+                    on_gate("wait")
+                while not self._update(self._try):
+                    time.sleep(GATE_POLL_S)
+                if on_gate is not None:
+                    on_gate("go")
+        except BaseException:
+            self._update(self._leave)
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self._update(self._leave)
 
 
 #: set to "off" to use the fallback accounting (PSS watchdog, RLIMIT_AS) even where cgroups work
@@ -663,53 +759,57 @@ def run_job(job_dir, view_dir, lib_dir, settings, slot=0):
                           str(view_dir), str(lib_dir))
         cmd = [sys.executable, "-s", "-B", str(Path(lib_dir) / "grader_runner.py")]
         cwd = str(scratch / "work")
-    cgroup = None
-    if settings.sandbox:
-        cgroup = sandbox_cgroup(settings, f"job-{os.getpid()}-{time.monotonic_ns()}")
-        if cgroup is not None:
-            cmd = cgroup.wrap(cmd)
-    t0 = time.monotonic()
-    try:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=env, cwd=cwd, start_new_session=True, pass_fds=() if fd is None else (fd,))
-    finally:
-        if fd is not None:
-            os.close(fd)
-    out = _Reader(proc.stdout, settings.max_result_mb * 2 ** 20)
-    err = _Reader(proc.stderr, 1 << 16)
-    out.start()
-    err.start()
-    reason = None
-    peak = 0
-    try:
-        while proc.poll() is None:
-            time.sleep(0.1)
-            # with a cgroup the kernel caps memory itself; the PSS watchdog is the fallback
-            rss = 0 if cgroup is not None else _rss(_tree(proc.pid))
-            peak = max(peak, rss)
-            if rss > settings.total_mem_mb * 2 ** 20:
-                reason = (f"the notebook's processes held more than {settings.total_mem_mb} MB of memory "
-                          "together (the sandbox's memory cap)")
-            elif time.monotonic() - t0 > settings.wall_s:
-                reason = f"grading took longer than {settings.wall_s} s (the sandbox's time limit)"
-            elif out.overflow:
-                reason = f"the notebook sent more than {settings.max_result_mb} MB of results"
-            if reason:
+    # the whole run, until its cgroup's pages are evicted, inside the host's gate: no sandbox of
+    # another view runs meanwhile
+    gate = ViewGate(Path(view_dir).name) if settings.sandbox else contextlib.nullcontext()
+    with gate:
+        cgroup = None
+        if settings.sandbox:
+            cgroup = sandbox_cgroup(settings, f"job-{os.getpid()}-{time.monotonic_ns()}")
+            if cgroup is not None:
+                cmd = cgroup.wrap(cmd)
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env=env, cwd=cwd, start_new_session=True, pass_fds=() if fd is None else (fd,))
+        finally:
+            if fd is not None:
+                os.close(fd)
+        out = _Reader(proc.stdout, settings.max_result_mb * 2 ** 20)
+        err = _Reader(proc.stderr, 1 << 16)
+        out.start()
+        err.start()
+        reason = None
+        peak = 0
+        try:
+            while proc.poll() is None:
+                time.sleep(0.1)
+                # with a cgroup the kernel caps memory itself; the PSS watchdog is the fallback
+                rss = 0 if cgroup is not None else _rss(_tree(proc.pid))
+                peak = max(peak, rss)
+                if rss > settings.total_mem_mb * 2 ** 20:
+                    reason = (f"the notebook's processes held more than {settings.total_mem_mb} MB of memory "
+                              "together (the sandbox's memory cap)")
+                elif time.monotonic() - t0 > settings.wall_s:
+                    reason = f"grading took longer than {settings.wall_s} s (the sandbox's time limit)"
+                elif out.overflow:
+                    reason = f"the notebook sent more than {settings.max_result_mb} MB of results"
+                if reason:
+                    _kill(proc)
+                    break
+            proc.wait()
+        finally:
+            if proc.poll() is None:
                 _kill(proc)
-                break
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            _kill(proc)
-        out.join(5)
-        err.join(5)
-        if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
-        if cgroup is not None:
-            ooms, peak = cgroup.oom_kills(), max(peak, cgroup.peak())
-            cgroup.remove()
-        if spec.get("uid") is not None:
-            clear_keyrings(spec["uid"])
+            out.join(5)
+            err.join(5)
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
+            if cgroup is not None:
+                ooms, peak = cgroup.oom_kills(), max(peak, cgroup.peak())
+                cgroup.remove()
+            if spec.get("uid") is not None:
+                clear_keyrings(spec["uid"])
     if cgroup is not None and proc.returncode == 125 and not out.data():
         raise SandboxFailure("the sandbox could not be placed in its cgroup")
     if cgroup is not None and ooms and not reason:
