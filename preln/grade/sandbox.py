@@ -291,8 +291,9 @@ def next_uid(base, counter=None):
 
 
 # ---- one view at a time: no channel between sandboxes that run together (issue 36, item 1) ----
-#: the host's sandbox gate: a JSON state under flock, shared by every grader process on the host
-VIEW_GATE = UID_COUNTER / "preln-grader-views"
+#: the host's sandbox gate: a JSON state under flock, shared by every grader process of this user on
+#: the host (a file of the user's own: another user's could not be opened)
+VIEW_GATE = UID_COUNTER / f"preln-grader-views-{os.geteuid()}"
 #: how often a sandbox waiting at the gate looks again
 GATE_POLL_S = 0.02
 #: called with "wait" when a sandbox starts waiting at the gate and "go" when its turn comes (the
