@@ -8,7 +8,7 @@ assembles them and matches ``torch.nn.TransformerEncoderLayer`` given the same w
 
 Which module serves which chapter (the chapters are the notebooks ``book/<chapter>.ipynb``); the
 layers, each importing only itself and the layers before it (tests/test_layout.py states and checks it):
-foundation (blas, gradcheck, measure, precision, resources, validation) <- ops <- nn <- models <- quant, serve, parallel <- gguf <- chapters (with nb) <- course, bench, __main__, __init__ <- grade::
+foundation (blas, gradcheck, measure, precision, resources, validation) <- ops <- nn <- gguf <- models <- quant, serve, parallel <- chapters (with nb) <- course, bench (with gguf.bench), __main__, __init__ <- grade::
 
     preln.precision         precision, precision_fixes, derivation_ops
         foundation: storage dtypes, the safe and naive policies, the overflow tracer

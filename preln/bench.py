@@ -319,12 +319,9 @@ def run_block(args, threads):
               f"{r['gemm']:.2f}x |", flush=True)
 
     # memory: only what each pass allocates (the previous cache is dropped first)
-    def drop_cache():
-        block._cache = None
-
-    mem = {"forward (train mode)": peak_bytes(np_train_forward, drop_cache),
-           "training step": peak_bytes(np_step, drop_cache),
-           "eval forward (tiled attention)": peak_bytes(np_eval, drop_cache)}
+    mem = {"forward (train mode)": peak_bytes(np_train_forward, block.drop_cache),
+           "training step": peak_bytes(np_step, block.drop_cache),
+           "eval forward (tiled attention)": peak_bytes(np_eval, block.drop_cache)}
     block.train()
     block(x)
     act = x.nbytes
@@ -671,13 +668,10 @@ def _train_step_peak(model, x, repeats=1):  # -> (peak extra bytes, best seconds
         model(x)
         model.backward(x)
 
-    def drop_caches():                      # the last step's activations are not this one's
-        for layer in getattr(model, "layers", []):
-            layer._cache = None
-
+    # model.drop_cache: the last step's activations are not this one's
     seconds = time_interleaved({"step": step}, repeats, 0, None, time.perf_counter,
-                               {"step": drop_caches})["step"].best
-    return peak_bytes(step, setup=drop_caches), seconds
+                               {"step": model.drop_cache})["step"].best
+    return peak_bytes(step, setup=model.drop_cache), seconds
 
 
 def run_training_memory(args):

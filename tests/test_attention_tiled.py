@@ -225,3 +225,35 @@ def test_tiled_training_llama_block_equals_plain_block(n_kv_heads):
         assert tiled_error(blocks[1].grads[name], g) < GRAD_ROUNDOFF, name
     # what the tiled path keeps instead of the (B, H, S, S) probabilities: O and L, linear in S
     assert blocks[1].cache_nbytes() < blocks[0].cache_nbytes() - B * cfg.n_heads * S * S * 8 // 2
+
+
+# ---- the one tile iterator and online-softmax step ------------------------------------------------
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("Sq, Sk, q_offset", [(7, 7, 0), (3, 10, 7), (10, 10, 0), (1, 5, 4)])
+def test_tile_pairs_cover_each_visible_score_once(Sq, Sk, q_offset, causal):
+    """Every (query, key) score that is not causally masked lies in exactly one tile; a tile
+    wholly right of the diagonal is never visited."""
+    from preln.ops.attention import tile_pairs
+    hits = np.zeros((Sq, Sk), int)
+    for i0, i1, j0, j1 in tile_pairs(Sq, Sk, 3, 4, causal, q_offset):
+        hits[i0:i1, j0:j1] += 1
+        if causal:
+            assert j0 <= q_offset + i1 - 1          # the tile holds a key its last query sees
+    visible = np.tril(np.ones((Sq, Sk), int), q_offset) if causal else np.ones((Sq, Sk), int)
+    assert (hits >= visible).all() and hits.max() == 1
+
+
+def test_online_softmax_step_over_tiles_is_softmax_times_v():
+    """Folding the key tiles one by one, then O = acc / l, is softmax(s) v; a row with every key
+    masked keeps l = 0 (P = 0, no NaN)."""
+    from preln.ops.attention import online_softmax_step, tiles
+    rng = np.random.default_rng(0)
+    s, v = 3 * rng.standard_normal((2, 5, 11)), rng.standard_normal((2, 11, 4))
+    s[0, 2] = -np.inf
+    m, l, acc = np.full((2, 5, 1), -np.inf), np.zeros((2, 5, 1)), np.zeros((2, 5, 4))
+    for j0, j1 in tiles(11, 4):
+        m, l, acc = online_softmax_step(m, l, acc, s[..., j0:j1], v[:, j0:j1])
+    assert l[0, 2, 0] == 0 and not acc[0, 2].any()
+    e = np.exp(s - np.where(np.isfinite(s.max(-1, keepdims=True)), s.max(-1, keepdims=True), 0))
+    want = (e / np.where(e.sum(-1, keepdims=True) == 0, 1, e.sum(-1, keepdims=True))) @ v
+    np.testing.assert_allclose(acc / np.where(l == 0, 1, l), want, rtol=TILED_TOL[np.float64], atol=TILED_TOL[np.float64])

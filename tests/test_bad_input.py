@@ -239,10 +239,10 @@ def _tiny_lm(**kw):
 
 def _quantised_lms():
     from preln.quant.int8 import quantize_block
-    from preln.quant.weight_only import quantize_weights
+    from preln.quant.weight_only import quantize_model
     lm = _tiny_lm()
     return {"TinyLM": lm, "QuantizedLM": quantize_block(lm, "w8a8"),
-            "WeightOnlyLM": quantize_weights(lm, "rtn", bits=4)}
+            "WeightOnlyLM": quantize_model(lm, "rtn", bits=4)}
 
 
 @pytest.mark.parametrize("name", ["TinyLM", "QuantizedLM", "WeightOnlyLM"])
@@ -500,13 +500,16 @@ def test_gguf_tokenizer_round_trip_and_a_lone_surrogate(gguf_tokenizer):
 
 
 def test_gguf_chat_without_a_tokenizer_says_so():
-    """A model loaded with tokenizer=False raised "'NoneType' object has no attribute ..."."""
+    """A model loaded with tokenizer=False raised "'NoneType' object has no attribute ..."; chat is
+    written once (preln.models.lm.Generator), so a TinyLM without a tokenizer says the same."""
     from preln import LlamaBlock, LlamaConfig
-    from preln.gguf.model import GGUFLlama
+    from preln.models.llama_lm import LlamaLM, LlamaLMConfig
     block = LlamaBlock(LlamaConfig(d_model=D, n_heads=2, n_kv_heads=1, d_ff=16))
-    lm = GGUFLlama(None, [block], own={}, tokenizer=None)
+    lm = LlamaLM.from_parts(LlamaLMConfig(d_model=D, n_heads=2, n_kv_heads=1, d_ff=16, n_layers=1), [block], {})
     with pytest.raises(ValueError, match=r"tokenizer: expected a GGUFTokenizer to render the chat template; got None"):
         lm.chat([{"role": "user", "content": "hi"}])
+    with pytest.raises(ValueError, match=r"tokenizer: expected a GGUFTokenizer to render the chat template; got None"):
+        _tiny_lm().chat([{"role": "user", "content": "hi"}])
 
 
 @pytest.mark.parametrize("value, held", [(np.inf, "inf"), (np.nan, "nan")])

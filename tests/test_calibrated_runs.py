@@ -27,12 +27,14 @@ CPU_FACTOR = 10
 
 def test_the_cheapest_stored_run_reproduces():
     from preln.blas import blas_threads
-    from preln.gguf import load, quantize, smollm2_path
+    from preln.gguf import smollm2_path
+    from preln.models.llama_lm import LlamaLM
+    from preln.quant.weight_only import quantize_model
     from preln.resources import data_path
 
     installed_or_skip()
     stored = json.loads(data_path(*rm.CALIBRATED_FILE).read_text())
-    lm = load(smollm2_path())
+    lm = LlamaLM.from_gguf(smollm2_path())
     ev, calib = rm.licence_split(lm.tokenizer.encode(rm.english_text(), add_special_tokens=False))
     st = stored["settings"]
     # the same text, split and grid as the stored runs (else they are not comparable)
@@ -40,7 +42,7 @@ def test_the_cheapest_stored_run_reproduces():
     want = {(r["method"], r["n_seq"]): r for r in stored["runs"]}[RUN]
     with blas_threads(1):
         got = rm.calibrated_run(lm, *RUN, ev, calib, st["bits"], st["group_size"])
-        ppl_rtn = rm.perplexity(quantize(lm, "rtn", st["bits"], st["group_size"]), ev)
+        ppl_rtn = rm.perplexity(quantize_model(lm, "rtn", st["bits"], st["group_size"]), ev)
     assert got["tokens"] == want["tokens"]
     assert abs(got["ppl"] - want["ppl"]) <= PPL_TOL, (got["ppl"], want["ppl"])
     assert abs(ppl_rtn - stored["ppl_rtn"]) <= PPL_TOL, (ppl_rtn, stored["ppl_rtn"])

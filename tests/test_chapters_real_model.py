@@ -16,6 +16,7 @@ import pytest
 from preln.chapters import real_model as rm
 from preln.gguf import unpermute_qk
 from preln.gguf.file import dequantize_blocks
+from preln.models.llama_lm import LlamaLM
 
 gguf = pytest.importorskip("gguf", reason="gguf is pinned in requirements.txt; install it: pip install gguf==0.19.0")
 from test_gguf import write_tiny  # noqa: E402  (the tiny Llama GGUF of tests/test_gguf.py)
@@ -156,8 +157,7 @@ def test_rtn_minmax_grid_and_errors():
 
 # ---- decoding and perplexity -----------------------------------------------------------------------
 def test_greedy_equals_generate_with_margins(tiny):
-    import preln.gguf as gg
-    lm = gg.load(tiny, dtype=np.float64)
+    lm = LlamaLM.from_gguf(tiny, dtype=np.float64)
     prompt = np.array([3, 5, 7, 4])
     new, margins = rm.greedy(lm, prompt, 6, stop_at_eos=False)
     np.testing.assert_array_equal(new, lm.generate(prompt, 6)[prompt.size:])
@@ -192,8 +192,7 @@ def test_perplexity():
 
 
 def test_time_prefill_decode_and_kv_bytes(tiny):
-    import preln.gguf as gg
-    lm = gg.load(tiny)
+    lm = LlamaLM.from_gguf(tiny)
     t = rm.time_prefill_decode({"a": lm, "b": lm}, [1, 2, 3], 2, rounds=1)
     assert set(t) == {"a", "b"} and all(x > 0 for pair in t.values() for x in pair)
     with pytest.raises(ValueError, match="n_new"):

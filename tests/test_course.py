@@ -682,6 +682,15 @@ def test_the_references_put_in_place_of_earlier_answers_agree_with_the_package()
     cost = inference.decode_cost(cfg, n_layers=2, batch=3, context=100, itemsize=2)
     assert R.DECODE_STEP_COST(cfg, 2, 3, 100) == (cost.flops, cost.nbytes)
     assert R.KV_CACHE_BYTES(2, 3, 100, 4, 16, 2) == inference.kv_cache_bytes(2, 3, 100, 4 * 16, 2)
+    from preln.parallel import run_simulated
+    for P, shape, dt in ((1, (3,), np.float64), (3, (6, 2), np.float32), (5, (10,), np.float64)):
+        # eight decades: another order of addition gives other bits
+        xs = [(rng.standard_normal(shape) * 10.0 ** rng.uniform(-4, 4, shape)).astype(dt) for _ in range(P)]
+        ring = run_simulated(P, lambda comm, xs: comm.reduce_scatter(xs[comm.rank], axis=0), xs)
+        assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(R.RING_REDUCE_SCATTER(xs), ring))
+        ys = [x[:-1] for x in xs]                                   # a size P does not divide: padded
+        ring = run_simulated(P, lambda comm, ys: comm.all_reduce(ys[comm.rank]), ys)
+        assert all(np.array_equal(a, b) and a.shape == b.shape for a, b in zip(R.RING_ALL_REDUCE(ys), ring))
 
 
 def test_formgraders_pages_show_student_markdown_inert():

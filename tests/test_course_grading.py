@@ -33,7 +33,8 @@ TIMEOUT_S, CALL_TIMEOUT_S = 20, 10
 TOTAL_MEM_MB = 2048
 #: graded in this order (a worker grades a student's notebooks in it): kai's derivation_block, whose
 #: view holds preln.ops, before its derivation_ops, which looks for what the first one stored
-NAMES = ("derivation_block", "derivation_ops", "int8", "preln_vs_postln")
+NAMES = ("derivation_block", "derivation_ops", "int8", "preln_vs_postln", "precision", "shape_flow",
+         "modern_block", "inference", "many_devices", "real_model")
 EXPECTED = json.loads((FIXTURES / "expected.json").read_text())
 #: derivation_ops' autograded and written points: honest work scores all the autograded ones
 AUTO, MANUAL = nbtools.points(nbtools.read(nbtools.source_path("derivation_ops")))
@@ -151,8 +152,9 @@ def test_issue_22_verdicts_cannot_be_read_or_steered(graded):
         assert "SNOOP now: /job/calls: PermissionError" in sol
     assert "RELAY nothing" in _text(fb / "kai" / "derivation_ops.html")
     pia = _text(fb / "pia" / "preln_vs_postln.html")
-    failed = [int(n) for n in re.findall(r"Hidden checks: (\d+) of 24 failed", pia)]
-    assert failed and failed[0] >= 21, failed
+    # its core requirement (the values: 21 checks) fails, so its side requirements do not count
+    failed = [int(n) for n in re.findall(r"NOT MET: values \(2 points\)[^\n]*\n\s*(\d+) of 21 checks failed", pia)]
+    assert "Score: 0 of 5 points: a core requirement failed" in pia and failed and failed[0] >= 18, failed
     bea = _text(fb / "bea" / "preln_vs_postln.html")
     assert "No credit: the code touches the grader's harness: grader_capture (a name)" in bea
     p = rows(graded["out"] / "preln_vs_postln.csv")
@@ -270,6 +272,27 @@ MISTAKE_WORDS = {
     "ines": ("NOT MET: fully masked rows (1 point)", "a finite fill such as -1e9 does this"),
     "hugo": ("NOT MET: dtype (1 point)", "dtype float64, expected float16"),
 }
+
+
+#: issue 32: one honest slip per other assignment (make_fixtures.SLIPS): its requirement, in words
+SLIP_WORDS = {
+    ("dora", "derivation_block"): ("NOT MET: stale cache (1 point)", "holds the cache of another input"),
+    ("ruth", "preln_vs_postln"): ("NOT MET: eps (1 point)", "puts eps inside the square root"),
+    ("olga", "precision"): ("NOT MET: growth (1 point)", "the count must restart at 0 when the scale grows"),
+    ("sven", "shape_flow"): ("NOT MET: 16-bit dtypes (2 points)", "4 bytes each, not the storage dtype's 2"),
+    ("mona", "modern_block"): ("NOT MET: dk and dv (2 points)", "the chain rule sums; it does not average"),
+    ("tara", "inference"): ("NOT MET: garbage past the length (2 points)", "must not be read"),
+    ("ivo", "many_devices"): ("NOT MET: inputs unchanged (1 point)", "argument `xs` was written in place"),
+    ("cora", "real_model"): ("NOT MET: constant groups (1 point)", "the prompt sets S = 1 there"),
+}
+
+
+@pytest.mark.parametrize("student, name", sorted(SLIP_WORDS))
+def test_a_slip_loses_its_requirement_and_is_told_in_words(graded, student, name):
+    text = " ".join(_text(graded["out"] / "feedback" / student / f"{name}.html").split())
+    for words in SLIP_WORDS[student, name]:
+        assert words in text, (student, words)
+    assert text.count("NOT MET") == 1, student
 
 
 @pytest.mark.parametrize("student", sorted(MISTAKE_WORDS))

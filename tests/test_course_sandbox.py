@@ -418,7 +418,7 @@ def _graded(nb, name, settings=None):
 
 def test_an_in_place_adam_is_told_which_arguments_it_wrote():
     """preln_vs_postln q2 without the harness patch (fixture student bea has one): theta, m and v
-    reach the answer read-only, its first in-place write raises, the check names the arguments it
+    reach the "new arrays" checks read-only, its first in-place write raises, the check names the arguments it
     tried to write; a cell cannot list the folder of the read-only files; q3's honest answer, which
     returns a new dict, passes its `unchanged` checks on read-only arrays."""
     from preln.grade import make_fixtures as mf
@@ -433,7 +433,8 @@ except OSError as e:
     verdicts, outputs = _graded(nb, name)
     lines = "\n".join(verdicts["q2"].lines(limit=50))
     assert "arguments `theta`, `m`, `v` were written in place; the task asks for new arrays" in lines, lines
-    assert "read-only" in lines                      # the close checks: the call raised numpy's error
+    # partial credit (issue 32): writing in place costs the "new arrays" requirement, nothing else
+    assert lines.startswith("Score: 4 of 5 points.") and "- NOT MET: new arrays (1 point)" in lines, lines
     assert not verdicts["q2"].harness_uses           # no patch here: the read-only inputs did it
     assert all(verdicts[q].passed for q in ("q1", "q3", "q4", "q5")), {q: v.lines() for q, v in verdicts.items()}
     printed = json.dumps(outputs)

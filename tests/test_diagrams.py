@@ -43,7 +43,8 @@ def test_every_diagram_is_written_in_both_variants_and_parses(written):
     folder, paths = written
     assert sorted(p.name for p in paths) == sorted(dg.file_name(n, m) for n in dg.DIAGRAMS for m in MODES)
     for name, diagram in dg.DIAGRAMS.items():
-        assert (ROOT / "book" / f"{diagram.chapter}.ipynb").is_file(), diagram.chapter
+        assert any((ROOT / "book" / f"{diagram.chapter}{ext}").is_file() for ext in (".ipynb", ".md")), \
+            diagram.chapter
         light, dark = ((folder / dg.file_name(name, m)).read_text(encoding="utf-8") for m in MODES)
         assert light != dark
         # the same words in both: only the colours change
@@ -214,7 +215,7 @@ def test_the_extension_pairs_each_diagram_with_its_dark_variant():
     ext = extension()
     doc = new_document("test", get_default_settings(Parser))
     image = nodes.image(uri="diagrams/shape_flow.svg", alt="Shapes", classes=[])
-    other = nodes.image(uri="preln_block.svg", alt="Block")
+    other = nodes.image(uri="logo.svg", alt="Logo")
     figure = nodes.figure("", image, nodes.caption("", "Caption"))
     doc += [figure, other]
     ext.DarkVariant(doc).apply()
@@ -225,7 +226,7 @@ def test_the_extension_pairs_each_diagram_with_its_dark_variant():
     assert (dark["uri"], dark["classes"], dark["loading"]) == ("diagrams/shape_flow-dark.svg",
                                                               ["only-dark"], "lazy")
     assert light["alt"] == dark["alt"] == "Shapes"
-    assert other["classes"] == [] and other["uri"] == "preln_block.svg"   # other images untouched
+    assert other["classes"] == [] and other["uri"] == "logo.svg"   # other images untouched
 
 
 def test_the_build_wires_the_extension():
@@ -243,3 +244,94 @@ def test_the_kept_diagrams_are_what_the_package_draws():
              if not (folder / dg.file_name(name, mode)).is_file()
              or (folder / dg.file_name(name, mode)).read_text(encoding="utf-8") != dg.render(name, mode)]
     assert not stale, f"book/diagrams/ differs from the package's drawing (run make book): {stale}"
+
+
+def test_every_diagram_is_shown_in_its_chapter():
+    for name, diagram in dg.DIAGRAMS.items():
+        source = next(p for p in (ROOT / "book" / f"{diagram.chapter}{ext}" for ext in (".ipynb", ".md"))
+                      if p.is_file())
+        assert f"diagrams/{dg.file_name(name, 'light')}" in source.read_text(encoding="utf-8"), name
+
+
+def test_the_block_at_a_glance_is_the_default_block():
+    words = texts(dg.render("preln_block"))
+    cfg = dg.BLOCK_CONFIG
+    assert f"D = {cfg.d_model}, H = {cfg.n_heads}, F = {cfg.d_ff}" in words
+    assert f"H = {cfg.n_heads} heads of dₕ = {cfg.d_head}" in words
+    assert [w for w in words if "LayerNorm" in w] == ["LN₁: LayerNorm", "LN₂: LayerNorm"]
+    assert words.count("+") == 2 and words.count("identity") == 2       # two residual adds
+    # the intro and the front page show it; the old hand-drawn strip is gone
+    assert not (ROOT / "book" / "preln_block.svg").exists()
+    site = (ROOT / "book" / "_ext" / "preln_site.py").read_text(encoding="utf-8")
+    assert '"book/diagrams/preln_block.svg"' in site
+
+
+def test_flash_loops_number_the_package_s_tiles_in_each_order():
+    from preln.ops.attention import K_TILE, Q_TILE, tile_pairs
+
+    S, fa2, fa1 = dg.flash_orders()
+    assert fa2 == list(tile_pairs(S, S, Q_TILE, K_TILE, causal=True))     # the package's loop
+    assert sorted(fa1) == sorted(fa2) and fa1 != fa2                       # same tiles, swapped loops
+    assert [t[2] for t in fa1] == sorted(t[2] for t in fa1)                # FA-1: key tiles outer
+    assert [t[0] for t in fa2] == sorted(t[0] for t in fa2)                # FA-2: query tiles outer
+    words = texts(dg.render("flash_loops"))
+    steps = [int(w) for w in words if w.isdigit()]
+    assert sorted(steps) == sorted(2 * list(range(1, len(fa2) + 1)))       # each tile once per panel
+    assert f"causal S = {S}: score tiles of {Q_TILE} queries × {K_TILE} keys" in words
+    assert f"{len(fa1)} writes of an O tile" in words
+    assert f"{S // Q_TILE} writes, one per query tile" in words
+
+
+def test_gguf_blocks_are_the_reader_s_block_sizes_and_permutation():
+    from preln.gguf.file import BLOCK, BLOCK_BYTES, dequantize_blocks, permute_qk
+
+    words = texts(dg.render("gguf_blocks"))
+    for fmt in ("Q8_0", "Q4_1"):
+        assert f"{fmt}: {BLOCK} weights in {BLOCK_BYTES[fmt]} bytes" in words
+        assert f"{8 * BLOCK_BYTES[fmt] / BLOCK:g} bits/weight" in words
+    # what the diagram says of a Q4_1 byte is what the reader decodes: low nibble weight j,
+    # high nibble weight j + 16 (scale 1, minimum 0)
+    block = np.zeros(BLOCK_BYTES["Q4_1"], np.uint8)
+    block[:2] = np.frombuffer(np.float16(1).tobytes(), np.uint8)
+    block[4 + 3] = 0x5A                                        # byte j = 3
+    w = dequantize_blocks(block[None], "Q4_1")[0]
+    assert (w[3], w[3 + BLOCK // 2]) == (0xA, 0x5)
+    assert "weight j" in words and f"weight j + {BLOCK // 2}" in words
+    dh = dg.PERMUTE_D_HEAD
+    order = [int(r) for r in permute_qk(np.arange(dh), 1)]
+    digits = [w for w in words if w.isdigit() and len(w) == 1]
+    assert digits[-2 * dh:] == [str(r) for r in range(dh)] + [str(r) for r in order]
+
+
+def test_int8_pipeline_states_the_package_s_bound_and_defaults():
+    import inspect
+
+    from preln.quant.int8 import SCHEME_OPTIONS, QLinear, int32_max_terms, qmax
+
+    # the defaults named are the ones a quantised layer takes
+    defaults = inspect.signature(QLinear).parameters
+    assert SCHEME_OPTIONS["llm.int8"]["threshold"] == defaults["threshold"].default
+    assert SCHEME_OPTIONS["smoothquant"]["alpha"] == defaults["alpha"].default
+    words = joined("int8_pipeline")
+    assert f"exact for K ≤ {int32_max_terms(8):,} terms" in words
+    assert f"int8 in ±{qmax(8)}" in words
+    assert f"some |x| ≥ {SCHEME_OPTIONS['llm.int8']['threshold']:g}" in words
+    assert f"α = {SCHEME_OPTIONS['smoothquant']['alpha']:g}" in words
+
+
+def test_float_formats_are_ml_dtypes_fields():
+    import ml_dtypes
+
+    words = texts(dg.render("float_formats"))
+    for name in dg.FLOAT_FORMATS:
+        f = ml_dtypes.finfo(getattr(ml_dtypes, name, None) or np.dtype(name))
+        assert name in words
+        assert dg.float_fields(name)[:3] == (f.bits, f.nexp, f.nmant)
+        assert 1 + f.nexp + f.nmant == f.bits
+    # the bars are drawn to one scale: a cell per bit, so float16 is half of float32
+    root = ET.fromstring(dg.render("float_formats"))
+    widths = [float(r.get("width")) for r in root.iter(SVG + "rect") if r.get("rx") == "0"
+              and float(r.get("height")) == 22]
+    per_bit = (dg.WIDTH - 20) / 32
+    assert sum(widths[:3]) == pytest.approx(32 * per_bit) and sum(widths[3:6]) == pytest.approx(16 * per_bit)
+    assert "65,504" in " ".join(words) and "448" in " ".join(words)

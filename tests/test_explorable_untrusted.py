@@ -83,7 +83,7 @@ def _plot(scale, side):
 
 @pytest.fixture
 def sanitized():
-    ex = explorable(_plot, {"scale": control("slope", [0.5, 1.0, 2.0]),
+    ex = explorable(_plot, {"scale": control("slope", [0.5, 1.0, 2.0, 4.0]),
                             "side": control("centre", ["left", "centre"])},
                     alt=lambda scale, side: f"A tanh curve of slope {scale:g}, centred {side}.",
                     initial={"scale": 1.0}, title="A tanh curve")
@@ -107,8 +107,10 @@ def test_untrusted_explorable_shows_its_first_frame_alt_and_the_note(sanitized):
 
 def test_untrusted_explorable_shows_no_control(sanitized):
     _, nodes = sanitized
-    # the slider is a span (its role is dropped: found by its class), the drop-down a <select>
-    controls = [n for n in nodes if n.tag == "select" or "preln-slider" in n.attrs.get("class", "").split()]
-    assert len(controls) == 2, "the fixture has a slider and a drop-down"
+    # the slider and the segmented toggle are spans (their roles are dropped: found by their
+    # classes), beside the slider its step and play buttons
+    controls = [n for n in nodes if n.tag in ("select", "button")
+                or {"preln-slider", "preln-segmented"} & set(n.attrs.get("class", "").split())]
+    assert len(controls) == 5, "the fixture has a slider with three buttons and a toggle"
     shown = [n.tag for n in controls if not n.hidden()]
     assert shown == [], f"controls visible without the explorable's script and style: {shown}"

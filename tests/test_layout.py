@@ -1,6 +1,6 @@
 """The package's architecture, checked: the import graph (lazy imports inside functions included)
-has no cycle, no module imports one above it in the layering, and no module imports another's
-private name. The layering is stated once, here (:data:`LAYERS`); README.md and preln/__init__.py
+has no cycle, no module imports one above it in the layering, no module imports another's
+private name, and none reaches a private attribute of another module's objects. The layering is stated once, here (:data:`LAYERS`); README.md and preln/__init__.py
 quote :func:`layering` and a test holds them to it.
 """
 import ast
@@ -11,14 +11,15 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "preln"
 
 #: layer of each top-level part; a module may import only modules of its own layer or below
-#: (quant and serve share a layer and do not import each other; gguf sits just above them: its
-#: real model is quantised with preln.quant's methods and kernels, preln.gguf.quant)
-LAYERS = {"foundation": 0, "ops": 1, "nn": 2, "models": 3, "quant": 4, "serve": 4, "gguf": 4.5, "parallel": 4, "chapters": 5,
+#: (quant and serve share a layer and do not import each other; gguf, the file reader and tokenizer,
+#: sits just below models: LlamaLM.from_gguf reads a real model with it)
+LAYERS = {"foundation": 0, "ops": 1, "nn": 2, "gguf": 2.5, "models": 3, "quant": 4, "serve": 4, "parallel": 4, "chapters": 5,
           "course": 6, "grade": 7, "bench": 6, "__main__": 6, "__init__": 6}
 FOUNDATION = {"precision", "validation", "blas", "resources", "gradcheck", "measure"}
-#: top-level modules whose layer is another part's: nb (glue and displays for the book) is
-#: presentation, in the chapters' layer, though it sits at the top for the notebooks' imports
-PLACED = {"nb": "chapters"}
+#: modules whose layer is another part's: nb (glue and displays for the book) is presentation, in
+#: the chapters' layer, though it sits at the top for the notebooks' imports; gguf.bench times the
+#: real model against torch and llama.cpp, a benchmark beside the reader it sits with
+PLACED = {"nb": "chapters", "gguf.bench": "bench"}
 
 
 def module_name(path):
@@ -33,6 +34,9 @@ def part(mod):
     bits = mod.split(".")
     if len(bits) == 1:
         return "__init__"
+    sub = ".".join(bits[1:3])
+    if sub in PLACED:
+        return PLACED[sub]
     return "foundation" if bits[1] in FOUNDATION else PLACED.get(bits[1], bits[1])
 
 
@@ -153,6 +157,67 @@ def test_no_private_cross_module_imports():
                     and isinstance(node.value, ast.Name) and node.value.id in mods):
                 wrong.append(f"{m}:{node.lineno} uses {node.value.id}.{node.attr}")
     assert not wrong, "\n".join(wrong)
+
+
+def _private(name):
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _own_private_names(tree):
+    """The private names a module defines: its functions, classes and methods, its module and
+    class variables, and the attributes its methods set on self or cls."""
+    own = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            own.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            own.add(node.id)
+        elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+              and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+            own.add(node.attr)
+    return {n for n in own if _private(n)}
+
+
+def private_attribute_uses():
+    """``obj._name`` in module m, obj not self or cls, where _name is private to another preln
+    module (defined there, not in m): a block's ``layer._cache = None`` poked from a stack, a
+    ``lm._check_ids`` called from a server. Private names of other libraries (NamedTuple's
+    ``_replace``, ``os._exit``) are not preln's and not counted. -> {(module, "obj._name")}"""
+    trees = {m: ast.parse(path.read_text()) for m, path in MODULES.items()}
+    own = {m: _own_private_names(t) for m, t in trees.items()}
+    anywhere = set().union(*own.values())
+    found = set()
+    for m, tree in trees.items():
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and _private(node.attr) and node.attr in anywhere
+                    and node.attr not in own[m]
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+                found.add((m, f"{ast.unparse(node.value)}.{node.attr}"))
+    return found
+
+
+#: private attributes still reached across modules, each to be replaced by a public name in its
+#: owner's rewrite (issue 35); the test fails when one is fixed and still listed, so this shrinks
+PENDING_PRIVATE_ATTRIBUTES = {
+    ("preln.quant.weight_only", "new._cache"),      # -> new.drop_cache() (preln.nn.base.Module)
+    ("preln.course", "fn._record"),                 # a stand-in's recorder, defined in grade.checks
+    ("preln.grade.checks", "api._PLAN"),            # the plan collector, a module variable of course
+}
+
+
+def test_no_private_attributes_of_other_objects_across_modules():
+    found = private_attribute_uses()
+    new = sorted(found - PENDING_PRIVATE_ATTRIBUTES)
+    fixed = sorted(PENDING_PRIVATE_ATTRIBUTES - found)
+    assert not new, "private attributes of another module's objects: " + "; ".join(f"{m} uses {a}" for m, a in new)
+    assert not fixed, "fixed: remove from PENDING_PRIVATE_ATTRIBUTES: " + "; ".join(f"{m} {a}" for m, a in fixed)
+
+
+def test_the_private_attribute_check_finds_a_poked_cache(tmp_path, monkeypatch):
+    """The check sees what it is for: a module setting another module's block's _cache."""
+    (tmp_path / "poke.py").write_text("def drop(layer):\n    layer._cache = None\n")
+    monkeypatch.setitem(MODULES, "preln.poke", tmp_path / "poke.py")
+    assert ("preln.poke", "layer._cache") in private_attribute_uses()
 
 
 @pytest.mark.parametrize("mod", sorted(m for m in MODULES if m.count(".") == 1 and part(m) != "foundation"

@@ -75,7 +75,7 @@ def test_without_the_option_it_is_silent(tmp_path):
 
 def test_makefile_uses_the_plugin_and_streams_lines():
     makefile = (ROOT / "Makefile").read_text()
-    assert "-p tests.nbval_progress --progress-fd=3" in makefile and "$(NOTEBOOKS) 3>&1 > _build/nbval/$*.log" in makefile
+    assert "-p tests.nbval_progress --progress-fd=3" in makefile and "$$nbs 3>&1 > $$log" in makefile
     # --output-sync would hold every line back until a kernel's whole run is over
     recipe = makefile[makefile.index("test-notebooks: install"):makefile.index("test-notebooks-busy:")]
     assert "--output-sync" not in recipe and "-j2" in recipe

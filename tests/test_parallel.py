@@ -194,3 +194,20 @@ def test_tagged_processes_finds_a_live_child():
         child.kill()
         child.wait()
     assert _tagged_processes(tag) == []
+
+
+def test_drop_cache_forgets_the_rank_forward():
+    """ParallelBlock.drop_cache drops its cache and its rank block's: a backward needs a new forward."""
+    block = example_block("transformer")
+
+    def rank(comm):
+        s = ParallelBlock(block, comm)
+        x = np.ones((1, 8, block.config.d_model))
+        s.forward(x)
+        assert s.drop_cache() is s and s.block.cache is None
+        try:
+            s.backward(x)
+        except RuntimeError as e:
+            return str(e)
+
+    assert run_simulated(2, rank) == ["backward: expected a forward first"] * 2

@@ -1,13 +1,12 @@
-"""preln.gguf.quant: a Llama LM quantised weight-only (RTN, GPTQ, AWQ) computes the float forward of
+"""preln.quant.weight_only.quantize_model: a Llama LM quantised weight-only (RTN, GPTQ, AWQ) computes the float forward of
 its own dequantised weights, decodes through the fused kernels to the same logits as its forward,
 stores ~bits/32 of float32's bytes, and refuses bad arguments by name."""
 import numpy as np
 import pytest
 
 import preln.gguf
-from preln.gguf.model import GGUFLlama
-from preln.gguf.quant import MATVEC_ROWS, QuantLinear, WeightOnlyLlama, quantize
-from preln.models.llama_lm import LlamaLMConfig
+from preln.models.llama_lm import LlamaLM, LlamaLMConfig
+from preln.quant.weight_only import MATVEC_ROWS, QuantLinear, WeightOnlyLlama, quantize_model
 from preln.nn.llama import LlamaBlock
 from preln.quant import groups as gq
 
@@ -22,7 +21,7 @@ CFG = LlamaLMConfig(vocab_size=50, d_model=64, n_heads=4, n_kv_heads=2, d_ff=96,
 
 
 def tiny_lm(seed=0):
-    """A float32 GGUFLlama of random LlamaBlocks, tied head (SmolLM2's layout), no file needed."""
+    """A float32 LlamaLM of random LlamaBlocks, tied head (SmolLM2's layout), no file needed."""
     rng = np.random.default_rng(seed)
     layers = [LlamaBlock(CFG.block_config(), dtype=np.float32, seed=seed + i).eval() for i in range(CFG.n_layers)]
     for layer in layers:   # gains away from 1 so that a wrong norm shows
@@ -31,7 +30,7 @@ def tiny_lm(seed=0):
     embed = rng.normal(0, 0.5, (CFG.vocab_size, CFG.d_model)).astype(np.float32)
     own = {"model.embed_tokens.weight": embed, "model.norm.weight": np.ones(CFG.d_model, np.float32),
            "lm_head.weight": embed}
-    return GGUFLlama(CFG, layers, own)
+    return LlamaLM.from_parts(CFG, layers, own)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +49,7 @@ IDS = np.array([[3, 17, 4, 41, 0, 9, 22, 8]])
 @pytest.mark.parametrize("method", ["rtn", "gptq", "awq"])
 @pytest.mark.parametrize("bits,group_size", [(3, 32), (4, 32), (4, None), (8, 32), (8, None)])
 def test_forward_is_the_dequantised_float_forward_and_decode_matches(lm, calib, method, bits, group_size):
-    qlm = quantize(lm, method, bits, group_size, calib=None if method == "rtn" else calib)
+    qlm = quantize_model(lm, method, bits, group_size, calib=None if method == "rtn" else calib)
     assert isinstance(qlm, WeightOnlyLlama) and qlm.bits == bits and qlm.head_quantized
     ref = qlm.dequantized()(IDS)
     got = qlm(IDS)
@@ -64,7 +63,7 @@ def test_forward_is_the_dequantised_float_forward_and_decode_matches(lm, calib, 
 
 
 def test_decode_runs_the_kernels_and_generate_follows_it(lm, monkeypatch):
-    qlm = quantize(lm, "rtn", 4, 32)
+    qlm = quantize_model(lm, "rtn", 4, 32)
     calls = []
     from preln.quant import qmatvec
     real = qmatvec.TiledQuant.matmul
@@ -81,7 +80,7 @@ def test_decode_runs_the_kernels_and_generate_follows_it(lm, monkeypatch):
 
 def test_weight_bytes_fall_with_the_bits(lm):
     f32 = lm.weight_nbytes()
-    q8, q4 = quantize(lm, "rtn", 8, None), quantize(lm, "rtn", 4, 32)
+    q8, q4 = quantize_model(lm, "rtn", 8, None), quantize_model(lm, "rtn", 4, 32)
     n_codes = sum(int(np.prod(l.shape)) for layer in q4.layers for l in layer.linears.values()) \
         + CFG.vocab_size * CFG.d_model
     groups = n_codes // 32
@@ -92,7 +91,7 @@ def test_weight_bytes_fall_with_the_bits(lm):
 
 
 def test_awq_input_scales_reach_the_tied_embedding(lm, calib):
-    qlm = quantize(lm, "awq", 4, 32, calib=calib)
+    qlm = quantize_model(lm, "awq", 4, 32, calib=calib)
     assert qlm.head.in_scale is not None
     table = qlm.params["model.embed_tokens.weight"]
     np.testing.assert_allclose(table, qlm.head.dequantize(), rtol=0, atol=0)
@@ -117,26 +116,26 @@ def test_quant_linear_kernels_equal_the_numpy_reference(M, K, g, bits, sym):
 
 def test_bad_input(lm, calib):
     with pytest.raises(ValueError, match="bits"):
-        quantize(lm, "rtn", 9, 32)
+        quantize_model(lm, "rtn", 9, 32)
     with pytest.raises(ValueError, match="bits"):
-        quantize(lm, "rtn", 1, 32)
+        quantize_model(lm, "rtn", 1, 32)
     with pytest.raises(ValueError, match="group_size: expected a divisor of the K = 64"):
-        quantize(lm, "rtn", 4, 40)
+        quantize_model(lm, "rtn", 4, 40)
     with pytest.raises(ValueError, match="group_size: expected an even group size"):
-        quantize(lm, "rtn", 4, 1)
+        quantize_model(lm, "rtn", 4, 1)
     with pytest.raises(ValueError, match="method"):
-        quantize(lm, "smoothquant", 4, 32)
+        quantize_model(lm, "smoothquant", 4, 32)
     with pytest.raises(ValueError, match="calib: method 'gptq' needs calibration"):
-        quantize(lm, "gptq", 4, 32)
+        quantize_model(lm, "gptq", 4, 32)
     with pytest.raises(ValueError, match="calib: expected token ids"):
-        quantize(lm, "awq", 4, 32, calib=np.array([[CFG.vocab_size]]))
+        quantize_model(lm, "awq", 4, 32, calib=np.array([[CFG.vocab_size]]))
     with pytest.raises(TypeError, match="takes no options"):
-        quantize(lm, "rtn", 4, 32, damp=0.1)
-    with pytest.raises(TypeError, match="lm: expected a float preln.gguf.GGUFLlama"):
-        quantize(quantize(lm, "rtn", 4, 32), "rtn")
+        quantize_model(lm, "rtn", 4, 32, damp=0.1)
+    with pytest.raises(TypeError, match="lm: expected a preln.models.lm.TinyLM or a float preln.models.llama_lm.LlamaLM"):
+        quantize_model(quantize_model(lm, "rtn", 4, 32), "rtn")
     with pytest.raises(TypeError, match="lm: expected"):
-        quantize({"weights": 1}, "rtn")
-    qlm = quantize(lm, "rtn", 4, 32)
+        quantize_model({"weights": 1}, "rtn")
+    qlm = quantize_model(lm, "rtn", 4, 32)
     with pytest.raises(RuntimeError, match="inference-only"):
         qlm.layers[0].backward(np.zeros((1, 1, CFG.d_model), np.float32))
     with pytest.raises(TypeError, match="kv: expected the StackKVCache"):
@@ -148,10 +147,10 @@ def test_smollm2_int4_decode_agrees_with_its_forward():
         path = preln.gguf.smollm2_path()
     except (ModuleNotFoundError, FileNotFoundError) as e:
         pytest.skip(f"SmolLM2's GGUF is not installed: {e}")
-    lm = preln.gguf.load(path)
+    lm = LlamaLM.from_gguf(path)
     with pytest.raises(ValueError, match="group_size: expected a divisor of the K = 576"):
-        quantize(lm, "rtn", 4, 128)
-    qlm = quantize(lm, "rtn", 4, 32)
+        quantize_model(lm, "rtn", 4, 128)
+    qlm = quantize_model(lm, "rtn", 4, 32)
     assert lm.weight_nbytes() / qlm.weight_nbytes() > 5
     ids = np.array(lm.tokenizer.encode("The printing press changed Europe because"))
     full = qlm(ids)

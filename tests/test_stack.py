@@ -146,3 +146,26 @@ def test_checkpoint_gradients_are_bit_identical(attention, dropout):
 def test_checkpoint_rejects_non_bool():
     with pytest.raises(TypeError, match="checkpoint"):
         tiny(True, checkpoint="yes")
+
+
+
+@pytest.mark.parametrize("checkpoint", [False, True])
+def test_drop_cache_frees_every_layer_and_the_stack(checkpoint):
+    """drop_cache, the public way to forget the activations (benchmarks drop them between steps):
+    every block's cache, the checkpointed inputs and the final norm's cache go; a backward then
+    needs a new forward, whose gradients equal those of a stack that never dropped."""
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((2, 5, 8)), rng.standard_normal((2, 5, 8))
+    kept, dropped = tiny(True, checkpoint=checkpoint), tiny(True, checkpoint=checkpoint)
+    dropped(x)
+    assert dropped.norm_cache is not None and (checkpoint or dropped.layers[0].cache is not None)
+    assert dropped.drop_cache() is dropped
+    assert dropped.norm_cache is None and all(layer.cache is None for layer in dropped.layers)
+    with pytest.raises(RuntimeError, match="forward"):
+        dropped.backward(w)
+    dropped.zero_grad()
+    dropped(x)
+    kept(x)
+    np.testing.assert_array_equal(dropped.backward(w), kept.backward(w))
+    for name in kept.grads:
+        np.testing.assert_array_equal(dropped.grads[name], kept.grads[name], err_msg=name)

@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from preln.chapters import viz  # noqa: E402
 from preln.chapters.viz import (MAX_FRAMES, PALETTE, Control, apply_style, control, explorable,  # noqa: E402
                        figure_png)
 
@@ -135,28 +136,44 @@ def test_labels_from_control_and_keyword():
 
 
 def test_html_is_an_accessible_widget():
-    ex = explorable(side_plot, {"scale": control("slope of the curve", [0.5, 1.0, 2.0]),
+    ex = explorable(side_plot, {"scale": control("slope of the curve", [0.5, 1.0, 2.0, 4.0]),
                                 "side": control("where the curve is centred", ["left", "centre"])},
                     alt=lambda scale, side: f"A tanh curve of slope {scale:g}, centred {side}. More detail.",
                     initial={"scale": 1.0}, title="A tanh curve")
     html = ex._repr_html_()
     uid, frame = ex.id, f"{ex.id}-frame"
-    # a <figure> captioned by the title groups the controls and the image
+    # a <figure> captioned by the title groups the controls and the image; a visible badge says
+    # it is interactive
     assert re.search(rf'</style><figure class="preln-explorable" id="{uid}"[^>]*><figcaption id="{uid}-caption"'
-                     rf'[^>]*><strong>A tanh curve</strong>', html)
+                     rf'[^>]*><span class="preln-explorable-badge">Interactive</span> <strong>A tanh curve</strong>', html)
     assert html.endswith("</figure>")
-    # numeric values: an ARIA slider whose value is the real value, not an index
+    # more than MAX_TOGGLE_VALUES numbers: an ARIA slider whose value is the real value, not an index
     sliders = re.findall(r'<span class="preln-slider" [^>]*role="slider"[^>]*>', html)
     assert len(sliders) == 1
     s = sliders[0]
     for attr, want in [("aria-valuenow", "1.0"), ("aria-valuetext", "1"), ("aria-valuemin", "0.5"),
-                       ("aria-valuemax", "2.0"), ("aria-controls", frame), ("tabindex", "0"),
+                       ("aria-valuemax", "4.0"), ("aria-controls", frame), ("tabindex", "0"),
                        ("aria-labelledby", f"{uid}-c0-label")]:
         assert f'{attr}="{want}"' in s, (attr, s)
     assert f'<span class="preln-explorable-label" id="{uid}-c0-label">slope of the curve</span>' in html
-    # other values: a <select> with a visible <label for>, also pointing at the image
-    assert re.search(rf'<label class="preln-explorable-label" for="{uid}-c1"[^>]*>where the curve is centred</label>'
-                     rf'<select id="{uid}-c1" [^>]*aria-controls="{frame}"', html)
+    # ... with step and play buttons, named after the control, pointing at the image
+    buttons = re.findall(r"<button [^>]*>", html)
+    assert [re.search(r'aria-label="([^"]*)"', b).group(1) for b in buttons] == [
+        "previous slope of the curve", "next slope of the curve", "play through slope of the curve"]
+    assert all(f'aria-controls="{frame}"' in b and 'type="button"' in b for b in buttons)
+    assert 'aria-pressed="false"' in buttons[2]
+    # ... and its value shown once, beside it
+    assert html.count(f'id="{uid}-c0-value"') == 1
+    # at most MAX_TOGGLE_VALUES values: a segmented toggle, a radio group named by its label
+    group = re.search(r'<span class="preln-segmented" [^>]*>', html).group(0)
+    for attr, want in [("role", "radiogroup"), ("tabindex", "0"), ("aria-labelledby", f"{uid}-c1-label"),
+                       ("aria-controls", frame), ("aria-activedescendant", f"{uid}-c1-o0"),
+                       ("data-preln-control", "1")]:
+        assert f'{attr}="{want}"' in group, (attr, group)
+    radios = re.findall(r'<span class="preln-segment" role="radio" id="([^"]+)" data-k="(\d)" '
+                        r'aria-checked="(true|false)">([^<]*)</span>', html)
+    assert radios == [(f"{uid}-c1-o0", "0", "true", "left"), (f"{uid}-c1-o1", "1", "false", "centre")]
+    assert f'id="{uid}-c1-value"' not in html, "a toggle shows its value itself: no echo"
     imgs = re.findall(r"<img [^>]*>", html)
     assert len(imgs) == 1 and f'id="{frame}"' in imgs[0]
     assert 'alt="A tanh curve of slope 1, centred left. More detail."' in imgs[0]
@@ -165,9 +182,10 @@ def test_html_is_an_accessible_widget():
     # a polite live region, empty until the reader moves a control
     assert '<p class="preln-explorable-status" role="status" aria-atomic="true"></p>' in html
     data = _data(html)
-    assert data["labels"] == [["0.5", "1", "2"], ["left", "centre"]]
-    assert data["values"][0] == ["0.5", "1.0", "2.0"]
-    assert len(data["frames"]) == 6
+    assert data["labels"] == [["0.5", "1", "2", "4"], ["left", "centre"]]
+    assert data["values"][0] == ["0.5", "1.0", "2.0", "4.0"]
+    assert data["play_ms"] == round(1000 * viz.PLAY_SECONDS)
+    assert len(data["frames"]) == 8
     src, alt, said, settings = data["frames"]["2,1"]
     assert src.startswith("data:image/png;base64,") and alt.startswith("A tanh curve of slope 2")
     # the announcement is the result; the page prefixes only the setting the reader changed
@@ -176,6 +194,27 @@ def test_html_is_an_accessible_widget():
     assert settings == "slope of the curve = 2, where the curve is centred = centre"
     # self-contained: no external scripts, styles or images
     assert "<script src" not in html and "http://" not in html and "https://" not in html
+
+
+def test_a_drop_down_shows_its_value_once():
+    models = ["Llama 2 7B", "Llama 2 13B", "Llama 2 70B", "GPT-3 175B"]
+    ex = explorable(lambda model: line_plot(1.0, 0.0), {"model": control("model", models)},
+                    alt=lambda model: f"A curve for {model}.", initial={"model": "Llama 2 70B"})
+    html = ex.to_html()
+    assert re.search(rf'<label class="preln-explorable-label" for="{ex.id}-c0"[^>]*>model</label>'
+                     rf'<span class="preln-explorable-input preln-wide"><select id="{ex.id}-c0" [^>]*'
+                     rf'aria-controls="{ex.id}-frame"', html)
+    # "Llama 2 70B" once, in the selected option: no value echoed beside the drop-down
+    controls = re.search(r'<div class="preln-explorable-controls".*?</select>', html, re.S).group(0)
+    assert controls.count("Llama 2 70B") == 1 and '<option value="2" selected>Llama 2 70B</option>' in controls
+    assert "<button" not in html and 'role="radiogroup"' not in html
+
+
+def test_control_kind_follows_the_number_and_kind_of_values():
+    assert viz.control_kind([1, 2, 3]) == viz.control_kind(["a", "b"]) == "toggle"
+    assert viz.control_kind([1, 2, 3, 4]) == "slider"
+    assert viz.control_kind(["a", "b", "c", "d"]) == viz.control_kind([1, 2, "x", 4]) == "select"
+    assert viz.MAX_TOGGLE_VALUES == 3
 
 
 def test_a_long_alt_is_cut_to_its_first_sentence_and_described_in_full():
@@ -278,7 +317,7 @@ def test_live_needs_a_kernel(no_shell):
         ex.live()
 
 
-def test_live_in_ipython_returns_an_interactive(no_shell):
+def test_live_in_ipython_has_the_page_s_controls(no_shell):
     pytest.importorskip("ipywidgets")
     from IPython.testing.globalipapp import start_ipython
 
@@ -286,15 +325,24 @@ def test_live_in_ipython_returns_an_interactive(no_shell):
     try:
         import ipywidgets
 
-        ex = explorable(side_plot, {"scale": [1.0, 2.0], "side": ["left", "centre"]},
+        ex = explorable(side_plot, {"scale": [1.0, 2.0, 3.0, 4.0], "side": ["left", "centre"]},
                         alt=lambda scale, side: f"slope {scale:g}, {side}")
         w = ex.live()
-        assert isinstance(w, ipywidgets.interactive)
-        assert [type(c).__name__ for c in w.children[:2]] == ["SelectionSlider", "Dropdown"]
-        assert [c.description for c in w.children[:2]] == ["scale", "side"]
+        assert isinstance(w, ipywidgets.VBox)
+        slider_row, toggle, out = w.children
+        slider, play = slider_row.children
+        assert (type(slider).__name__, type(toggle).__name__, type(play).__name__) == (
+            "SelectionSlider", "ToggleButtons", "Play")
+        assert [slider.description, toggle.description] == ["scale", "side"]
+        # play steps through the slider's values, one every PLAY_SECONDS, and stops at the end
+        assert (play.min, play.max, play.value) == (0, 3, 0) and not play.repeat
+        assert play.interval == round(1000 * viz.PLAY_SECONDS)
+        assert isinstance(out, ipywidgets.Output)
         n = len(ex.timings)
-        w.children[0].value = 2.0      # recomputes with the real function
+        slider.value = 2.0      # recomputes with the real function
         assert len(ex.timings) == n and ex.timings[(2.0, "left")] >= 0
+        toggle.value = "centre"
+        assert ex.timings[(2.0, "centre")] >= 0
     finally:
         plt.close("all")
         # the shell is a process-wide singleton: left behind, the tests after this one (on this
@@ -446,6 +494,10 @@ def test_the_site_shows_the_dark_variant_in_dark_mode_and_the_description_after_
     assert 'class="only-dark"' in imgs[1] and f"{sha}-dark.png" in imgs[1] and 'loading="lazy"' in imgs[1]
     for img in imgs:   # both named and described alike: only one is shown at a time
         assert 'alt="An alt."' in img and 'aria-describedby="d1"' in img
+    # one link to the full-size image: the light PNG, naming the dark one for dark mode
+    links = re.findall(r"<a [^>]*>", out)
+    assert links == [f'<a class="reference internal image-reference" href="../_images/{sha}.png" '
+                     f'data-preln-dark-href="../_images/{sha}-dark.png">']
     # a figure without a dark variant is left alone
     assert site.apply_dark_figures(page, {}, lambda *a: None) == page
     notebook = {"cells": [{"cell_type": "code", "outputs": [{"data": {

@@ -152,6 +152,8 @@ _HTML_ALT = re.compile(r'<img\b[^>]*\balt="([^"]*)"')
 _HTML_DESCRIPTION = re.compile(r'<details class="preln-figure-description">.*?</details>', re.S)
 _SITE_IMG = re.compile(r'<img\b[^>]*\bsrc="[^"]*/([0-9a-f]{64})\.png"[^>]*>')
 _IMAGE_LINK_END = re.compile(r'\s*</a>')
+# a link to a figure's full-size PNG: (<a ... href="<prefix>), prefix, sha, (.png" ...>)
+_IMAGE_LINK = re.compile(r'(<a\b[^>]*\bhref="([^"]*/)([0-9a-f]{64})\.png"[^>]*?)(>)')
 # a numbered caption right after the figure's image (myst-nb's mystnb.figure): the description
 # goes after it, so a reader meets image, caption, then the long description (issue 33)
 _CAPTION_AFTER = re.compile(r'\s*<figcaption>.*?</figcaption>', re.S)
@@ -243,7 +245,8 @@ def apply_dark_figures(html: str, darks: dict, write) -> str:
     takes the theme's ``only-light`` class, a copy of its tag pointing at ``<sha>-dark.png``
     (written by ``write(name, png)``) ``only-dark`` (pydata-sphinx-theme shows one per mode, and
     draws no filter or white mat under an ``only-dark`` image). Both load lazily, so a browser
-    fetches only the one its mode shows."""
+    fetches only the one its mode shows. The link around them (to the full-size light PNG) gets
+    ``data-preln-dark-href``, the dark PNG, which preln-site.js opens in dark mode."""
     def both(m):
         sha = m.group(1)
         if sha not in darks:
@@ -266,7 +269,15 @@ def apply_dark_figures(html: str, darks: dict, write) -> str:
         w, h = struct.unpack(">II", png[16:24])                 # the IHDR chunk's first fields
         sized = (lambda tag: tag.replace("<img", f'<img width="{w}" height="{h}"', 1))
         return sized(lazy(light)) + sized(lazy(dark))
-    return _SITE_IMG.sub(both, html)
+
+    def link(m):
+        # the link around the pair opens the full-size light PNG; it names the dark one too, and
+        # book/_static/preln-site.js points the link at it while the page is in dark mode (one
+        # link, not two: a second would be an empty tab stop in the mode that hides its image)
+        if m.group(3) not in darks or "data-preln-dark-href" in m.group(0):
+            return m.group(0)
+        return f'{m.group(1)} data-preln-dark-href="{m.group(2)}{m.group(3)}-dark.png"{m.group(4)}'
+    return _IMAGE_LINK.sub(link, _SITE_IMG.sub(both, html))
 
 
 def rewrite_body(app, pagename, templatename, context, doctree):
@@ -433,7 +444,7 @@ FRONT_WORDS = ("One residual block of a Transformer — the Pre-LN block most la
                "taken apart and rebuilt in plain numpy: every backward derived and checked, every cost "
                "counted, every number computed by the code beside it. Start by building and training "
                "the whole model in one sitting; then follow the core path, or every chapter.")
-FRONT_IMAGES = [("book/preln_block.svg", "Diagram of the Pre-LN block: x goes through LayerNorm and attention, "
+FRONT_IMAGES = [("book/diagrams/preln_block.svg", "Diagram of the Pre-LN block: x goes through LayerNorm and attention, "
                  "is added back to x, then through LayerNorm and the MLP, added back again."),
                 ("book/_generated/chapter_map.svg", "Map of the chapters in their parts: a core path for a "
                  "first reading, a full path through every chapter, and each chapter's reading time.")]
@@ -469,7 +480,14 @@ def _front_page(app, docs, title) -> str:
         path = src / name
         if path.is_file():
             shutil.copyfile(path, front / path.name)
-            images.append(f'<img src="_static/front/{path.name}" alt="{escape(alt)}">')
+            img = f'<img src="_static/front/{path.name}" alt="{escape(alt)}">'
+            # a diagram's dark twin (<name>-dark.svg), for a reader whose system is in dark mode
+            dark = path.with_name(f"{path.stem}-dark{path.suffix}")
+            if dark.is_file():
+                shutil.copyfile(dark, front / dark.name)
+                img = (f'<picture><source srcset="_static/front/{dark.name}" '
+                       f'media="(prefers-color-scheme: dark)">{img}</picture>')
+            images.append(img)
     toc = yaml.safe_load((src / "_toc.yml").read_text())
     root = app.config.root_doc
     parts, number, first, short_of = [], 0, None, {}

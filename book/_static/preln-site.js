@@ -294,4 +294,25 @@
   window.addEventListener("afterprint", function () {
     while (undo.length) undo.pop()();
   });
+  // 5. A figure links to its full-size image (a phone zooms into it): in dark mode to the dark
+  //    PNG the page shows, named by book/_ext/preln_site.py in data-preln-dark-href; in light mode
+  //    and on paper to the light one. It follows the theme's switch (data-theme on <html>).
+  function fullSizeLinks(print) {
+    var dark = !print && document.documentElement.getAttribute("data-theme") === "dark";
+    var links = document.querySelectorAll("a[data-preln-dark-href]");
+    for (var i = 0; i < links.length; i++) {
+      var a = links[i];
+      if (!a.hasAttribute("data-preln-light-href")) a.setAttribute("data-preln-light-href", a.getAttribute("href"));
+      a.setAttribute("href", a.getAttribute(dark ? "data-preln-dark-href" : "data-preln-light-href"));
+    }
+  }
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", function () { fullSizeLinks(false); });
+  } else {
+    fullSizeLinks(false);
+  }
+  new MutationObserver(function () { fullSizeLinks(false); })
+    .observe(document.documentElement, { attributes: true, attributeFilter: ["data-theme"] });
+  window.addEventListener("beforeprint", function () { fullSizeLinks(true); });
+  window.addEventListener("afterprint", function () { fullSizeLinks(false); });
 })();

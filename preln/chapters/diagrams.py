@@ -25,14 +25,18 @@ from html import escape
 from pathlib import Path
 from typing import Callable, NamedTuple
 
+import ml_dtypes
 import numpy as np
 
 from preln.chapters.shapes import shape_flow
 from preln.chapters.viz import PALETTE, contrast_ratio
 from preln.nn.block import TransformerBlock
 from preln.nn.config import BlockConfig
+from preln.gguf.file import BLOCK, BLOCK_BYTES, permute_qk
 from preln.nn.llama import LlamaBlock, LlamaConfig
+from preln.ops.attention import K_TILE, Q_TILE, tile_pairs
 from preln.parallel.tensor import replicated, shard_params
+from preln.quant.int8 import SCHEME_OPTIONS, int32_max_terms, qmax
 from preln.serve.paged import PagedKVCache
 
 __all__ = ["DIAGRAMS", "THEMES", "Diagram", "render", "write_all", "WIDTH", "MIN_FONT",
@@ -718,6 +722,329 @@ def _paged(c: Canvas):
     return "A paged KV cache: timeline, block tables and pool", desc, y
 
 
+# ---- 7. the Pre-LN block at a glance (intro, front page) -----------------------------------------
+#: the package's default block
+BLOCK_CONFIG = BlockConfig()
+
+
+def _preln_block(c: Canvas):
+    cfg = BLOCK_CONFIG
+    D, H, F = cfg.d_model, cfg.n_heads, cfg.d_ff
+    line, bx, bw = 40, 120, WIDTH - 130      # the residual stream's x; the sublayers' boxes
+    cx = bx + bw / 2
+    c.text(line, 22, "x (B, S, D)", italic=True, anchor="start")
+    c.text(WIDTH - 10, 22, f"D = {D}, H = {H}, F = {F}", size=MIN_FONT, anchor="end",
+           colour="muted")
+    y = 30
+    sublayers = [("LN₁", "attn", ["multi-head attention", f"H = {H} heads of dₕ = {cfg.d_head}"],
+                  "x′ = x + Attn(LN₁(x))"),
+                 ("LN₂", "mlp", ["MLP", f"D → F = {F} → D, GELU"], "y = x′ + MLP(LN₂(x′))")]
+    for norm, role, lines, total in sublayers:
+        branch = y + 14
+        c.path(f"M{line:g},{y:g} V{branch:g} H{cx:g} V{branch + 16:g}")       # to the sublayer
+        top = branch + 18
+        c.labelled(bx, top, bw, 44, [f"{norm}: LayerNorm", "per position: − mean, ÷ std, γ, β"],
+                   "norm")
+        c.arrow(cx, top + 44, cx, top + 58)
+        c.labelled(bx, top + 60, bw, 44, lines, role)
+        plus = top + 104 + 22
+        c.path(f"M{cx:g},{top + 104:g} V{plus:g} H{line + 13:g}", colour=role)  # back, added
+        c.arrow(line, branch, line, plus - 12)                                  # the skip
+        c.text(line + 6, (branch + plus) / 2 + 5, "identity", size=MIN_FONT, anchor="start",
+               colour="muted", italic=True)
+        c.items.append(f'<circle cx="{line:g}" cy="{plus:g}" r="11" fill="{c.t["bg"]}" '
+                       f'stroke="{c.t["ink"]}" stroke-width="1.5"/>')
+        c.text(line, plus + 5, "+", size=FONT)
+        c.text(line + 18, plus + 28, total, size=MIN_FONT, anchor="start")
+        c.path(f"M{line:g},{plus + 11:g} V{plus + 34:g}", arrow=False)
+        y = plus + 34
+    c.arrow(line, y, line, y + 28)
+    c.text(line + 18, y + 24, "y (B, S, D): the next block's x", italic=True, anchor="start")
+    desc = (f"The Pre-LN block (here D = {D}, H = {H}, F = {F}). The input x, of shape (B, S, D), "
+            "runs down the residual stream. It branches into LayerNorm 1 and multi-head attention "
+            f"({H} heads of width {cfg.d_head}), whose output is added back to x, giving x′ = "
+            "x + Attn(LN₁(x)), also (B, S, D). Then x′ branches into LayerNorm 2 and the MLP "
+            f"(D to F = {F} to D with GELU), whose output is added back to x′, giving y. The "
+            "residual stream itself passes each sublayer unchanged (an identity): no normalisation "
+            "sits on it.")
+    return "The Pre-LN block at a glance", desc, y + 38
+
+
+# ---- 8. FlashAttention-1 and -2: the order of the tile loops (inference) -------------------------
+#: the tiled path's own tile sizes (preln.ops.attention.Q_TILE, K_TILE) over FLASH_TILES key
+#: tiles of a causal sequence
+FLASH_KEY_TILES = 4
+
+
+def flash_orders(causal=True):
+    """(S, FlashAttention-2's order, FlashAttention-1's order): the (i0, i1, j0, j1) score tiles
+    of a causal S x S attention, S = FLASH_KEY_TILES key tiles, in the order each visits them.
+    The second is the package's own loop (tile_pairs: query tiles outer); the first has the
+    loops swapped (key tiles outer), as in Dao et al. 2022's Algorithm 1."""
+    S = FLASH_KEY_TILES * K_TILE
+    fa2 = list(tile_pairs(S, S, Q_TILE, K_TILE, causal=causal))
+    fa1 = sorted(fa2, key=lambda t: (t[2], t[0]))
+    return S, fa2, fa1
+
+
+def _flash(c: Canvas):
+    S, fa2, fa1 = flash_orders()
+    n_q, n_k = S // Q_TILE, S // K_TILE
+    cw = 40                                   # a key tile's width; a query tile's height in scale
+    rh = cw * Q_TILE / K_TILE
+    left = 34                                 # room for the "q ↓" of the first panel
+    gap = WIDTH - 20 - left - 2 * n_k * cw
+    c.text(10, 24, f"causal S = {S}: score tiles of {Q_TILE} queries × {K_TILE} keys",
+           anchor="start", size=MIN_FONT, colour="muted")
+    panels = [("FlashAttention-1", "key tile j outer", fa1, "kv"),
+              ("FlashAttention-2", "query tile i outer", fa2, "attn")]
+    top = 100
+    for p, (name, outer, order, role) in enumerate(panels):
+        x0 = 10 + left + p * (n_k * cw + gap)
+        cx = x0 + n_k * cw / 2
+        c.text(cx, 50, name, bold=True)
+        c.text(cx, 68, outer, size=MIN_FONT)
+        c.text(cx, top - 8, "keys →", size=MIN_FONT, colour="muted")
+        if p == 0:
+            c.text(x0 - 8, top + 14, "q", size=MIN_FONT, anchor="end", colour="muted")
+            c.text(x0 - 8, top + 31, "↓", size=MIN_FONT, anchor="end", colour="muted")
+        step = {t: k + 1 for k, t in enumerate(order)}
+        for i in range(n_q):
+            for j in range(n_k):
+                t = next((t for t in order if t[0] == i * Q_TILE and t[2] == j * K_TILE), None)
+                x, y = x0 + j * cw, top + i * rh
+                if t is None:                     # wholly above the diagonal: never visited
+                    c.box(x, y, cw, rh, rx=0, dashed=True, width=0.8, hollow=True)
+                else:
+                    c.box(x, y, cw, rh, role, rx=0, width=1)
+                    c.text(x + cw / 2, y + rh / 2 + 5, str(step[t]), size=MIN_FONT)
+    y = top + n_q * rh + 26
+    writes1, writes2 = len(fa1), n_q
+    lines = [("FA-1: per tile, read and write Oᵢ, mᵢ, lᵢ", f"{writes1} writes of an O tile"),
+             ("FA-2: Oᵢ stays on chip over its row", f"{writes2} writes, one per query tile")]
+    for first, second in lines:
+        c.text(10, y, first, anchor="start", size=MIN_FONT)
+        c.text(WIDTH - 10, y + 18, second, anchor="end", size=MIN_FONT, colour="muted")
+        y += 44
+    desc = (f"The tiles of a causal attention's scores for S = {S}, in tiles of {Q_TILE} queries "
+            f"by {K_TILE} keys ({n_q} query tiles, {n_k} key tiles; the {n_q * n_k - len(fa2)} "
+            f"tiles wholly above the diagonal are masked and skipped), numbered in the order each "
+            f"algorithm visits them. FlashAttention-1 runs over key tiles in its outer loop and "
+            f"over query tiles inside, so it reads and writes each query tile's output and "
+            f"softmax statistics once per tile: {writes1} writes of an output tile. "
+            f"FlashAttention-2, the package's order, runs over query tiles outside and key tiles "
+            f"inside: a query tile's output stays on chip until its row of tiles is done, "
+            f"{writes2} writes in all, and query tiles are independent, so they split over "
+            f"thread blocks.")
+    return "FlashAttention-1 and -2: the order of the tile loops", desc, y
+
+
+# ---- 9. GGUF's Q8_0 and Q4_1 blocks, and the q/k row order (real_model) -------------------------
+#: a head width small enough to draw every row of the q/k permutation
+PERMUTE_D_HEAD = 8
+
+
+def _gguf(c: Canvas):
+    n = BLOCK
+    per_byte = (WIDTH - 20) / max(BLOCK_BYTES[t] for t in ("Q8_0", "Q4_1"))
+    y = 10
+    # the book's names: the scale Δ and Q4_1's minimum w_min (llama.cpp's d and m)
+    kinds = [("Q8_0", [("Δ", 2, "comm"), (f"q₀ … q₃₁: {n} × int8", n, "attn")],
+              "Δ: float16 · w = Δ · q, q in −128…127"),
+             ("Q4_1", [("Δ", 2, "comm"), ("wₘᵢₙ", 2, "norm"),
+                       (f"{n // 2} bytes: 2 codes each", n // 2, "mlp")],
+              "Δ, wₘᵢₙ: float16 · w = Δ · q + wₘᵢₙ, q in 0…15")]
+    for name, fields, rule in kinds:
+        nbytes = BLOCK_BYTES[name]
+        c.text(10, y + 16, f"{name}: {n} weights in {nbytes} bytes", anchor="start", bold=True)
+        c.text(WIDTH - 10, y + 16, f"{8 * nbytes / n:g} bits/weight", anchor="end", size=MIN_FONT,
+               colour="muted")
+        y += 26
+        x = 10
+        for k, (words, size, role) in enumerate(fields):
+            w = size * per_byte
+            c.box(x, y, w, 30, role, rx=0)
+            if size > 2:
+                c.text(x + w / 2, y + 20, words, size=MIN_FONT)
+            else:                               # a 2-byte field: named below it
+                c.text(x + (w / 2 if k == 0 else 0), y + 46, words, size=MIN_FONT,
+                       anchor="middle" if k == 0 else "start")
+            x += w
+        c.text(10, y + 66, rule, anchor="start", size=MIN_FONT, colour="muted")
+        y += 82
+    # one Q4_1 byte: the low nibble holds weight j, the high nibble weight j + 16
+    c.text(10, y + 14, "Q4_1 byte j:", anchor="start", size=MIN_FONT)
+    bw = 26
+    for k in range(8):
+        x = 116 + k * bw
+        c.box(x, y, bw, 22, "mlp" if k >= 4 else "attn", rx=0, width=1)
+        c.text(x + bw / 2, y + 16, str(7 - k), size=MIN_FONT, colour="muted")
+    c.text(116 + 2 * bw, y + 40, f"weight j + {n // 2}", size=MIN_FONT)
+    c.text(116 + 6 * bw, y + 40, "weight j", size=MIN_FONT)
+    y += 66
+    # the q/k rows of one head, transformers' order above, GGUF's below
+    dh = PERMUTE_D_HEAD
+    order = [int(r) for r in permute_qk(np.arange(dh), 1)]
+    c.text(10, y + 14, f"q, k rows of one head (dₕ = {dh}):", anchor="start", bold=True)
+    y += 24
+    cell = (WIDTH - 20) / dh
+    rows = (("transformers: pairs (i, i + dₕ/2)", list(range(dh))),
+            ("GGUF: pairs (2i, 2i + 1)", order))
+    ys = []
+    for words, rs in rows:
+        c.text(10, y + 14, words, anchor="start", size=MIN_FONT)
+        y += 20
+        for k, r in enumerate(rs):
+            # the first half of the head's rows and the second, which rotate-half pairs
+            c.labelled(10 + k * cell + 3, y, cell - 6, 26, [str(r)], "attn" if r < dh // 2 else "kv")
+        ys.append(y)
+        y += 26 + 46
+    for k, r in enumerate(order):               # GGUF's position k holds transformers' row r
+        c.path(f"M{10 + r * cell + cell / 2:g},{ys[0] + 27:g} L{10 + k * cell + cell / 2:g},"
+               f"{ys[1] - 22:g}", width=1)
+    y -= 30
+    desc = (f"Two GGUF quantisation blocks of {n} weights. Q8_0: {BLOCK_BYTES['Q8_0']} bytes, a "
+            f"float16 scale Δ then {n} int8 codes q, w = Δ q ({8 * BLOCK_BYTES['Q8_0'] / n:g} bits "
+            f"per weight). Q4_1: {BLOCK_BYTES['Q4_1']} bytes, a float16 scale Δ and minimum w_min, then "
+            f"{n // 2} bytes of two 4-bit codes each, the low nibble of byte j for weight j and the "
+            f"high nibble for weight j + {n // 2}; w = Δ q + w_min "
+            f"({8 * BLOCK_BYTES['Q4_1'] / n:g} bits per weight). Below, the rows of one query or key "
+            f"head (d_h = {dh}): transformers orders them so that rotate-half pairs row i with row "
+            f"i + d_h/2; the GGUF file (llama.cpp) stores them in the order "
+            + ", ".join(map(str, order)) + ", so that RoPE's pairs are adjacent rows.")
+    return "GGUF's Q8_0 and Q4_1 blocks and the q/k row order", desc, y
+
+
+# ---- 10. INT8 matmuls: the pipeline, LLM.int8's split, SmoothQuant's migration (int8) -----------
+def _int8(c: Canvas):
+    q = qmax(8)
+    thr = SCHEME_OPTIONS["llm.int8"]["threshold"]
+    alpha = SCHEME_OPTIONS["smoothquant"]["alpha"]
+    y, x0, full = 10, 10, WIDTH - 20
+
+    def head(words):
+        nonlocal y
+        c.text(x0, y + 16, words, anchor="start", bold=True)
+        y += 26
+
+    def step(lines, role=None, arrow=True):
+        nonlocal y
+        h = 26 + 17 * (len(lines) - 1)
+        c.labelled(x0, y, full, h, lines, role)
+        y += h
+        if arrow:
+            c.arrow(WIDTH / 2, y, WIDTH / 2, y + 12)
+            y += 12
+
+    half = (full - 10) / 2
+    mids = (x0 + half / 2, x0 + 1.5 * half + 10)     # the centres of two boxes side by side
+
+    def pair(left, right):
+        """Two boxes side by side: (lines, role) each."""
+        nonlocal y
+        for x, (lines, role) in zip((x0, x0 + half + 10), (left, right)):
+            c.labelled(x, y, half, 43, lines, role)
+        y += 43
+
+    def arrows(join):
+        """Down from the pair's centres: straight (into a pair) or joining (into one box)."""
+        nonlocal y
+        for k, x in enumerate(mids):
+            c.arrow(x, y, WIDTH / 2 + (16 * k - 8) if join else x, y + 12)
+        y += 12
+
+    head("W8A8: Y = X Wᵀ in integers")
+    pair((["X float (N, K)", f"sₓ = max|x| / {q}"], "attn"),
+         (["W float (M, K)", f"s_w = max|w| / {q}"], "mlp"))
+    arrows(join=False)
+    step([f"quantise: q = round(x / s), int8 in ±{q}", "one scale per row of X and of W"], "attn")
+    step(["int8 matmul: Σₖ qₓ q_w in int32",
+          f"exact for K ≤ {int32_max_terms(8):,} terms"], "kv")
+    step(["rescale: Y = sₓ s_w · acc (float)"], "mlp", arrow=False)
+    y += 20
+    head("LLM.int8: outlier columns in float16")
+    step([f"columns of X with some |x| ≥ {thr:g}"], "attn", arrow=False)
+    arrows(join=False)
+    pair((["the rest", "int8 matmul"], "kv"), (["outliers (few)", "float16 matmul"], "comm"))
+    arrows(join=True)
+    step(["Y = int8 part + float16 part"], "mlp", arrow=False)
+    y += 20
+    head(f"SmoothQuant: outliers moved into W, α = {alpha:g}")
+    step([f"sⱼ = max|Xⱼ|^α / max|Wⱼ|^(1 − α)", "one factor per input column j"], "norm")
+    pair((["X′ = X diag(s)⁻¹", "tamer: int8 fits"], "attn"),
+         (["W′ = W diag(s)", "absorbs the scale"], "mlp"))
+    arrows(join=True)
+    step(["X′ W′ᵀ = X Wᵀ, then the W8A8 path"], "kv", arrow=False)
+    y += 10
+    desc = (f"Three panels. W8A8: the activations X, (N, K), and the weights W, (M, K), are each "
+            f"quantised to int8, row by row, with a scale s = max|x| / {q} (q = round(x / s)); the int8 product "
+            f"accumulates its K terms in int32, exact for K up to {int32_max_terms(8):,} terms, and "
+            f"is rescaled to float by the product of the two scales. LLM.int8: the columns of X "
+            f"where some value reaches |x| ≥ {thr:g} go through a float16 matmul with the matching "
+            f"columns of W, the rest through the int8 path, and the two parts are added. "
+            f"SmoothQuant: a factor s_j = max|X_j|^alpha / max|W_j|^(1 - alpha) per input column "
+            f"(alpha = {alpha:g}) divides X's column j and multiplies W's, which leaves the product "
+            f"unchanged and moves the outliers from the activations into the weights, where int8 "
+            f"handles them; then the W8A8 path runs.")
+    return "INT8 matrix products: W8A8, LLM.int8 and SmoothQuant", desc, y
+
+
+# ---- 11. floating-point formats' bit fields (precision) ------------------------------------------
+#: the formats the precision chapter compares, by their ml_dtypes / numpy names
+FLOAT_FORMATS = ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
+
+
+def float_fields(name: str):
+    """(bits, exponent bits, mantissa bits, finfo) of a float format, from ml_dtypes.finfo."""
+    f = ml_dtypes.finfo(getattr(ml_dtypes, name, None) or np.dtype(name))
+    return int(f.bits), int(f.nexp), int(f.nmant), f
+
+
+def _float_formats(c: Canvas):
+    bit = (WIDTH - 20) / 32
+    y = 10
+    fields = (("sign", "comm"), ("exponent", "attn"), ("mantissa", "mlp"))
+    x = 10
+    for words, role in fields:                  # the key: one colour per field
+        c.box(x, y + 3, 14, 14, role, rx=0)
+        c.text(x + 20, y + 15, words, anchor="start", size=MIN_FONT)
+        x += 30 + text_width(words, MIN_FONT)
+    c.text(WIDTH - 10, y + 15, "one cell per bit", anchor="end", size=MIN_FONT, colour="muted")
+    y += 30
+    described = []
+    for name in FLOAT_FORMATS:
+        bits, e, m, f = float_fields(name)
+        c.text(10, y + 14, name, anchor="start", bold=True)
+        c.text(WIDTH - 10, y + 14, f"max {_sci(float(f.max))} · ε {_sci(float(f.eps))}",
+               anchor="end", size=MIN_FONT, colour="muted")
+        y += 22
+        x = 10
+        for size, (_, role) in zip((1, e, m), fields):
+            c.box(x, y, size * bit, 22, role, rx=0, width=1.2)
+            for k in range(1, size):            # the bits, as thin dividers
+                c.path(f"M{x + k * bit:g},{y + 4:g} V{y + 18:g}", colour=role, arrow=False,
+                       width=0.6)
+            c.text(x + size * bit / 2, y + 38, str(size), size=MIN_FONT)
+            x += size * bit
+        y += 50
+        described.append(f"{name}: {bits} bits, 1 sign, {e} exponent, {m} mantissa; largest "
+                         f"{float(f.max):.4g}, machine epsilon {float(f.eps):.4g}")
+    desc = ("Bit fields of five floating-point formats, one cell per bit at the same scale: "
+            + "; ".join(described) + ". bfloat16 keeps float32's exponent and so its range, with "
+            "fewer mantissa bits; float16 has more mantissa bits and a much smaller range.")
+    return "Floating-point formats: sign, exponent and mantissa bits", desc, y
+
+
+def _sci(v: float) -> str:
+    """A number as the diagrams print it: 65,504, 448, 0.125, 3.4 × 10³⁸, 1.2 × 10⁻⁷."""
+    if 1 <= abs(v) < 1e6 and v == int(v):
+        return f"{int(v):,}"
+    if 1e-2 <= abs(v) < 1e6:
+        return f"{v:.4g}"
+    mant, exp = f"{v:.1e}".split("e")
+    sup = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+    return f"{mant} × 10{str(int(exp)).translate(sup)}"
+
 # ---- the registry --------------------------------------------------------------------------------
 class Diagram(NamedTuple):
     chapter: str                                  # the notebook the diagram belongs in
@@ -732,6 +1059,11 @@ DIAGRAMS: dict[str, Diagram] = {
     "block_graph": Diagram("derivation_block", _block_graph),
     "paged_kv_cache": Diagram("inference_serving", _paged),
     "gpt_vs_llama": Diagram("modern_block", _gpt_vs_llama),
+    "preln_block": Diagram("intro", _preln_block),
+    "flash_loops": Diagram("inference", _flash),
+    "gguf_blocks": Diagram("real_model", _gguf),
+    "int8_pipeline": Diagram("int8", _int8),
+    "float_formats": Diagram("precision", _float_formats),
 }
 
 

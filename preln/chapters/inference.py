@@ -83,6 +83,7 @@ import numpy as np
 from preln.blas import blas_threads
 from preln.measure import best_time
 from preln.nn.config import BlockConfig
+from preln.ops.attention import online_softmax_step, tiles
 from preln.validation import nonnegative_int, positive_int
 from preln.chapters.shapes import shape_flow
 
@@ -567,10 +568,10 @@ def tiled_attention_io(q, k, v, C, order="fa1"):  # (N, d) x 3, int -> (N, d), I
         mem.store("O", O_hbm, ..., np.zeros((N, d)))
         mem.store("l", l_hbm, ..., np.zeros(N))
         mem.store("m", m_hbm, ..., np.full(N, -np.inf))
-        for j0 in range(0, N, b_c):
-            kj, vj = mem.load("K", k[j0:j0 + b_c]), mem.load("V", v[j0:j0 + b_c])
-            for i0 in range(0, N, b_r):
-                rows = slice(i0, i0 + b_r)
+        for j0, j1 in tiles(N, b_c):
+            kj, vj = mem.load("K", k[j0:j1]), mem.load("V", v[j0:j1])
+            for i0, i1 in tiles(N, b_r):
+                rows = slice(i0, i1)
                 qi, oi = mem.load("Q", q[rows]), mem.load("O", O_hbm[rows])
                 li, mi = mem.load("l", l_hbm[rows]), mem.load("m", m_hbm[rows])
                 z = tau * (qi @ kj.T)                                  # (B_r, B_c), in fast memory
@@ -588,23 +589,17 @@ def tiled_attention_io(q, k, v, C, order="fa1"):  # (N, d) x 3, int -> (N, d), I
         return O_hbm, IOCount(mem.reads, mem.writes, peak, mem.by_array)
     b_r, b_c = flash_block_sizes(C, d)                                # the roles swap
     L_hbm = np.empty(N)
-    for i0 in range(0, N, b_r):
-        rows = slice(i0, i0 + b_r)
-        qi = mem.load("Q", q[rows])                                   # once
+    for i0, i1 in tiles(N, b_r):
+        qi = mem.load("Q", q[i0:i1])                                  # once
         acc = np.zeros((len(qi), d))                                  # unnormalised, in fast memory
-        li, mi = np.zeros(len(qi)), np.full(len(qi), -np.inf)
-        for j0 in range(0, N, b_c):
-            kj, vj = mem.load("K", k[j0:j0 + b_c]), mem.load("V", v[j0:j0 + b_c])
+        li, mi = np.zeros((len(qi), 1)), np.full((len(qi), 1), -np.inf)
+        for j0, j1 in tiles(N, b_c):
+            kj, vj = mem.load("K", k[j0:j1]), mem.load("V", v[j0:j1])
             z = tau * (qi @ kj.T)                                      # (B_r, B_c)
-            m_new = np.maximum(mi, z.max(axis=1))
-            p_t = np.exp(z - m_new[:, None])
-            alpha = np.exp(mi - m_new)                                 # rescales what came before
-            li = alpha * li + p_t.sum(axis=1)
-            acc = alpha[:, None] * acc + p_t @ vj
-            mi = m_new
+            mi, li, acc = online_softmax_step(mi, li, acc, z, vj)     # the rescale of what came before
             peak = max(peak, qi.size + acc.size + kj.size + vj.size + z.size + 2 * len(li))
-        mem.store("O", O_hbm, rows, acc / li[:, None])                # normalised once
-        mem.store("L", L_hbm, rows, mi + np.log(li))                  # log-sum-exp, for a backward
+        mem.store("O", O_hbm, slice(i0, i1), acc / li)               # normalised once
+        mem.store("L", L_hbm, slice(i0, i1), (mi + np.log(li))[:, 0])  # log-sum-exp, for a backward
     return O_hbm, IOCount(mem.reads, mem.writes, peak, mem.by_array)
 
 

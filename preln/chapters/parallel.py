@@ -318,14 +318,8 @@ def peak_train_step_bytes(model, x, dy, threads=1):
         model(x)
         model.backward(dy)
 
-    def drop_caches():                  # the last step's activations are not this step's
-        for layer in getattr(model, "layers", [model]):
-            layer._cache = None
-        if hasattr(model, "_inputs"):
-            model._inputs = None
-
-    with blas_threads(threads):
-        return peak_bytes(step, setup=drop_caches, warmup=1)
+    with blas_threads(threads):                 # the last step's activations are not this step's
+        return peak_bytes(step, setup=model.drop_cache, warmup=1)
 
 
 # ---- the check of preln.parallel, on gloo or simulated ---------------------------------------------

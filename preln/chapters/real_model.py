@@ -344,7 +344,7 @@ def calibrated_settings(ev, calib, bits=3, group_size=32):
 def calibrated_run(lm, method, n_seq, ev, calib, bits=3, group_size=32):
     """Quantise ``lm`` with ``method`` calibrated on the first ``n_seq`` sequences of ``calib`` and
     measure its perplexity on ``ev`` -> the run's record (as stored in calibrated.json)."""
-    from preln.gguf import quantize
+    from preln.quant.weight_only import quantize_model as quantize
 
     t0, c0 = time.perf_counter(), time.process_time()
     q = quantize(lm, method, bits, group_size, calib=calib[:n_seq], **CALIB_OPTIONS[method])
@@ -365,11 +365,13 @@ def write_calibrated_runs(runs=CALIB_RUNS, path=None, bits=3, group_size=32):
     import subprocess
 
     from preln.blas import blas_threads
-    from preln.gguf import load, quantize, smollm2_path
+    from preln.gguf import smollm2_path
+    from preln.models.llama_lm import LlamaLM
+    from preln.quant.weight_only import quantize_model as quantize
     from preln.resources import data_path
 
     path = str(data_path(*CALIBRATED_FILE) if path is None else path)
-    lm = load(smollm2_path())
+    lm = LlamaLM.from_gguf(smollm2_path())
     ev, calib = licence_split(lm.tokenizer.encode(english_text(), add_special_tokens=False))
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,

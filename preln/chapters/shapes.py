@@ -120,7 +120,7 @@ from preln.blas import blas_threads
 from preln.measure import Timing, peak_bytes, time_interleaved
 from preln.nn.block import TransformerBlock
 from preln.nn.config import BlockConfig
-from preln.ops.attention import K_TILE, Q_TILE
+from preln.ops.attention import K_TILE, Q_TILE, tile_pairs
 from preln.precision import compute_dtype, elementwise_dtype, resolve_dtype, resolve_policy
 from preln.validation import positive_int
 
@@ -208,13 +208,11 @@ def closed_form_backward_flops(config, B, S, tiled=False):
 def _tiled_key_columns(S, causal, q_tile=Q_TILE, k_tile=K_TILE):
     """Sum over query rows of the key columns the tiled path visits; and the number of key tiles
     visited summed over query rows (for the per-row rescaling work)."""
-    cols = tiles = 0
-    for i0 in range(0, S, q_tile):
-        i1 = min(i0 + q_tile, S)
-        k_end = min(S, i1) if causal else S
-        cols += (i1 - i0) * k_end
-        tiles += (i1 - i0) * -(-k_end // k_tile)
-    return cols, tiles
+    cols = row_tiles = 0
+    for i0, i1, j0, j1 in tile_pairs(S, S, q_tile, k_tile, causal):
+        cols += (i1 - i0) * (j1 - j0)
+        row_tiles += i1 - i0
+    return cols, row_tiles
 
 
 def shape_flow(config, B, S, dtype=np.float32, training=True, attention="auto", policy="safe",

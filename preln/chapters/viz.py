@@ -58,7 +58,7 @@ __all__ = ["PALETTE", "OKABE_ITO", "COLUMN_PX", "MIN_TEXT_PX", "SERIES_COLOURS",
            "figure_bundle", "DARK_BACKGROUND", "FRAME_DARK_FILTER", "apply_style", "control",
            "explorable", "figure_png", "Control", "Explorable", "MAX_FRAMES", "FRAME_COLORS",
            "contrast_ratio", "data_contrast", "shown_colour", "relative_luminance",
-           "MIN_DATA_CONTRAST", "table_caption"]
+           "MIN_DATA_CONTRAST", "table_caption", "control_kind", "MAX_TOGGLE_VALUES", "PLAY_SECONDS"]
 
 # Okabe-Ito (Okabe & Ito 2008), ordered for a prop_cycle, with its light hues darkened so that every
 # data colour is at least 3:1 (WCAG 1.4.11, non-text contrast) against the figures' white face:
@@ -542,6 +542,26 @@ def _gist(alt: str) -> str:
     return next((t for t in sentences if not (len(t) <= 60 and "=" in t)), sentences[0])
 
 
+#: at most this many values make a segmented toggle (a row of buttons); more make a slider
+#: (numbers, in order) or a drop-down
+MAX_TOGGLE_VALUES = 3
+#: seconds between two steps when the reader presses play
+PLAY_SECONDS = 1.2
+#: the buttons beside a slider: (data-preln-<action>, the name before the control's label, glyph,
+#: extra attributes)
+STEP_BUTTONS = (("step", "previous", "‹", ' data-preln-by="-1"'),
+                ("step", "next", "›", ' data-preln-by="1"'),
+                ("play", "play through", "▶", ' aria-pressed="false"'))
+
+
+def control_kind(values: Sequence[Any]) -> str:
+    """How a control of these values is shown: "toggle" (at most MAX_TOGGLE_VALUES values),
+    "slider" (more numbers, in the order given) or "select" (more of anything else)."""
+    if len(values) <= MAX_TOGGLE_VALUES:
+        return "toggle"
+    return "slider" if _is_numeric(values) else "select"
+
+
 class Control(list):
     """A control's values, with the label the reader sees next to the control.
 
@@ -736,7 +756,9 @@ class Explorable:
         caption = self.title or _first_sentence(self.alts[i0], 120)
         # the <style> goes before the <figure>: a figcaption must be the figure's first child
         parts = [_CSS, f'<figure class="preln-explorable" id="{uid}" data-preln-explorable="1">',
-                 f'<figcaption id="{uid}-caption" class="preln-explorable-title"><strong>{e(caption)}</strong>'
+                 f'<figcaption id="{uid}-caption" class="preln-explorable-title">'
+                 '<span class="preln-explorable-badge">Interactive</span> '
+                 f'<strong>{e(caption)}</strong>'
                  f'<span class="preln-explorable-settings">: {e(self._settings(self._kwargs(i0)))}</span>'
                  '</figcaption>',
                  # Kernel-free but not script-free: where the script does not run (an untrusted
@@ -748,8 +770,10 @@ class Explorable:
                  '<div class="preln-explorable-controls" hidden="hidden">']
         for c, (label, vals, labs) in enumerate(zip(self.labels, self.values, shown)):
             cid, j = f"{uid}-c{c}", i0[c]
-            parts.append('<div class="preln-explorable-control">')
-            if _is_numeric(vals) and len(vals) > 1:
+            kind = control_kind(vals)
+            # one row of the label | control | value grid (the row's div is display: contents)
+            parts.append(f'<div class="preln-explorable-control preln-{kind}-row">')
+            if kind == "slider":
                 # An ARIA slider, not <input type=range>: a native range's value would be the index
                 # of the frame (the values need not be evenly spaced); here aria-valuenow is the
                 # value itself and aria-valuetext how it is shown.
@@ -758,20 +782,42 @@ class Explorable:
                                 for k in range(len(vals)))
                 parts.append(
                     f'<span class="preln-explorable-label" id="{cid}-label">{e(label)}</span>'
+                    '<span class="preln-explorable-input">'
                     f'<span class="preln-slider" id="{cid}" role="slider" tabindex="0" data-preln-control="{c}" '
                     f'data-index="{j}" aria-labelledby="{cid}-label" aria-controls="{frame_id}" '
                     f'aria-valuemin="{_number(vals[nums.index(min(nums))])}" '
                     f'aria-valuemax="{_number(vals[nums.index(max(nums))])}" '
                     f'aria-valuenow="{_number(vals[j])}" aria-valuetext="{e(labs[j])}" '
                     f'style="--preln-pos:{j / (len(vals) - 1):.4g}">'
-                    f'<span class="preln-slider-track">{ticks}<span class="preln-slider-thumb"></span></span></span>')
+                    f'<span class="preln-slider-track">{ticks}<span class="preln-slider-thumb"></span></span></span>'
+                    # step and play through the ordered values (the script hides play where the
+                    # reader asked for reduced motion)
+                    + "".join(f'<button type="button" class="preln-explorable-button" data-preln-{act}="{c}" '
+                              f'aria-controls="{frame_id}" aria-label="{e(name)} {e(label)}"{extra}>'
+                              f'<span aria-hidden="true">{glyph}</span></button>'
+                              for act, name, glyph, extra in STEP_BUTTONS)
+                    + '</span>'
+                    # the one visible value; a screen reader hears it from the slider itself
+                    + f'<span class="preln-explorable-value" id="{cid}-value" aria-hidden="true">{e(labs[j])}</span>')
+            elif kind == "toggle":
+                # a segmented toggle: an ARIA radio group that takes the focus itself and marks its
+                # current choice with aria-activedescendant (WAI-ARIA APG's radio group pattern)
+                segments = "".join(f'<span class="preln-segment" role="radio" id="{cid}-o{k}" data-k="{k}" '
+                                   f'aria-checked="{"true" if k == j else "false"}">{e(lab)}</span>'
+                                   for k, lab in enumerate(labs))
+                parts.append(f'<span class="preln-explorable-label" id="{cid}-label">{e(label)}</span>'
+                             f'<span class="preln-explorable-input preln-wide">'
+                             f'<span class="preln-segmented" id="{cid}" role="radiogroup" tabindex="0" '
+                             f'data-preln-control="{c}" data-index="{j}" aria-labelledby="{cid}-label" '
+                             f'aria-controls="{frame_id}" aria-activedescendant="{cid}-o{j}">{segments}</span></span>')
             else:
                 opts = "".join(f'<option value="{k}"{" selected" if k == j else ""}>{e(lab)}</option>'
                                for k, lab in enumerate(labs))
+                # the drop-down shows its value: no second copy beside it
                 parts.append(f'<label class="preln-explorable-label" for="{cid}" id="{cid}-label">{e(label)}</label>'
-                             f'<select id="{cid}" data-preln-control="{c}" aria-controls="{frame_id}">{opts}</select>')
-            # the visible value; a screen reader hears it from the control itself
-            parts.append(f'<span class="preln-explorable-value" id="{cid}-value" aria-hidden="true">{e(labs[j])}</span></div>')
+                             f'<span class="preln-explorable-input preln-wide">'
+                             f'<select id="{cid}" data-preln-control="{c}" aria-controls="{frame_id}">{opts}</select></span>')
+            parts.append('</div>')
         parts.append('</div>')
         width, height = (round(n * FRAME_CSS_DPI / self.dpi) for n in png_size(self.frames[i0]))
         # a short alt (a screen reader reads an alt whole) and, where the words run longer, the whole
@@ -788,7 +834,7 @@ class Explorable:
                          f'</summary><p id="{uid}-description">{e(self.alts[i0])}</p></details>')
         # announced politely after a move (never on load: it starts empty)
         parts.append('<p class="preln-explorable-status" role="status" aria-atomic="true"></p>')
-        data = {"names": self.labels, "labels": shown,
+        data = {"names": self.labels, "labels": shown, "play_ms": round(1000 * PLAY_SECONDS),
                 "values": [[_number(v) if _is_numeric(vals) else None for v in vals] for vals in self.values],
                 "frames": {",".join(map(str, k)): [_data_uri(v), short_alt(self.alts[k]), self.summaries[k],
                                                    self._settings(self._kwargs(k))]
@@ -802,7 +848,9 @@ class Explorable:
 
     # -- live ------------------------------------------------------------------------------
     def live(self):
-        """An ``ipywidgets.interactive`` that calls ``plot`` again for each setting (needs a kernel)."""
+        """The controls as ipywidgets (a VBox: one row per control, then the output), calling
+        ``plot`` again for each setting (needs a kernel). As on the page: a toggle for at most
+        MAX_TOGGLE_VALUES values, a slider with a Play button for more numbers, else a drop-down."""
         try:
             import ipywidgets as widgets
             from IPython import get_ipython
@@ -820,17 +868,29 @@ class Explorable:
             data, metadata = image_bundle(png, self._alt_text(kwargs), scale=self.dpi / FRAME_CSS_DPI)
             display(data, raw=True, metadata=metadata)
 
-        ui = {}
+        ui, rows = {}, []
         wide = {"description_width": "initial"}   # the descriptive labels, not cut to 80 px
         for c, (name, label, vals) in enumerate(zip(self.names, self.labels, self.values)):
             options = [(_label(v), v) for v in vals]
             value = vals[self.initial[c]]
-            if _is_numeric(vals) and len(vals) > 1:
+            kind = control_kind(vals)
+            if kind == "toggle":       # the same segmented toggle as the kernel-free page
+                ui[name] = widgets.ToggleButtons(options=options, value=value, description=label,
+                                                 style=wide)
+                rows.append(ui[name])
+            elif kind == "slider":     # ordered: a play button steps through the values
                 ui[name] = widgets.SelectionSlider(options=options, value=value, description=label,
                                                    style=wide, continuous_update=False)
+                play = widgets.Play(value=self.initial[c], min=0, max=len(vals) - 1, step=1,
+                                    interval=round(1000 * PLAY_SECONDS), show_repeat=False,
+                                    description=f"play through {label}")
+                widgets.jslink((play, "value"), (ui[name], "index"))
+                rows.append(widgets.HBox([ui[name], play]))
             else:
-                ui[name] = widgets.Dropdown(options=options, value=value, description=label, style=wide)
-        return widgets.interactive(show, **ui)
+                ui[name] = widgets.Dropdown(options=options, value=value, description=label,
+                                            style=wide)
+                rows.append(ui[name])
+        return widgets.VBox([*rows, widgets.interactive_output(show, ui)])
 
 
 # What an explorable says where its script cannot run (an untrusted notebook in JupyterLab).
@@ -847,29 +907,44 @@ def _data_uri(png: bytes) -> str:
 # and book/_static/preln.css adds the print and dark-mode rules. Non-text contrast (WCAG 1.4.11):
 # the thumb, the track and the focus ring are at least 3:1 against the page in both modes.
 _CSS = """<style>
-.preln-explorable{margin:1em 0;max-width:100%}
+.preln-explorable{margin:1em 0;max-width:100%;box-sizing:border-box;padding:.75em .9em .5em;border:1px solid var(--preln-card-border,#8a8f98);border-radius:.5em}
 .preln-explorable-controls[hidden]{display:none}
-.preln-explorable-title{margin:0 0 .5em}
+.preln-explorable-title{margin:0 0 .6em}
+.preln-explorable-badge{display:inline-block;margin-right:.4em;padding:0 .45em;border:1px solid currentColor;border-radius:1em;font-size:.8em;font-weight:600;letter-spacing:.02em;vertical-align:.1em}
 .preln-explorable-settings{display:none}
-.preln-explorable-controls{display:flex;flex-wrap:wrap;gap:.5em 1.5em;align-items:center;margin-bottom:.5em}
-.preln-explorable-control{display:flex;flex-wrap:wrap;align-items:center;gap:.25em .6em}
+.preln-explorable-controls{display:grid;grid-template-columns:max-content auto minmax(0,1fr);gap:.45em .9em;align-items:center;margin-bottom:.6em}
+.preln-explorable-control{display:contents}
 .preln-explorable-label{font-weight:600}
-.preln-explorable-value{display:inline-block;min-width:4em;font-family:var(--pst-font-family-monospace,monospace)}
-.preln-slider{position:relative;display:inline-block;width:11em;max-width:60vw;height:1.8em;cursor:pointer;touch-action:pan-y;border-radius:.3em}
+.preln-explorable-input{display:flex;align-items:center;gap:.3em;min-width:0}
+.preln-explorable-input.preln-wide{grid-column:span 2}
+.preln-explorable-value{min-width:4.5em;white-space:nowrap;font-family:var(--pst-font-family-monospace,monospace)}
+.preln-slider{position:relative;display:inline-block;width:12em;flex:0 1 auto;min-width:5em;height:1.8em;cursor:pointer;touch-action:pan-y;border-radius:.3em}
 .preln-slider-track{position:absolute;left:.7em;right:.7em;top:50%;height:4px;margin-top:-2px;border-radius:2px;background:var(--preln-track,#6b6f76)}
 .preln-slider-tick{position:absolute;top:-3px;width:2px;height:10px;margin-left:-1px;background:var(--preln-track,#6b6f76)}
 .preln-slider-thumb{position:absolute;top:50%;left:calc(var(--preln-pos,0)*100%);width:1.1em;height:1.1em;margin:-.55em 0 0 -.55em;border-radius:50%;box-sizing:border-box;background:var(--preln-thumb,#0b5cad);border:2px solid var(--preln-thumb-ring,#fff)}
-.preln-slider:focus{outline:none}
-.preln-slider:focus-visible,.preln-explorable select:focus-visible{outline:3px solid var(--preln-focus,#0b5cad);outline-offset:2px}
+.preln-explorable-button{flex:none;min-width:2em;height:2em;padding:0;font-size:1.05em;border:1px solid var(--preln-track,#6b6f76);border-radius:.3em;background:transparent;color:inherit;font-family:inherit;line-height:1;cursor:pointer}
+.preln-explorable-button[aria-disabled=true]{border-style:dashed;cursor:default}
+.preln-explorable-button[aria-pressed=true]{background:var(--preln-thumb,#0b5cad);border-color:var(--preln-thumb,#0b5cad);color:var(--preln-thumb-ring,#fff)}
+.preln-segmented{display:inline-flex;flex-wrap:wrap;max-width:100%;border-radius:.35em;cursor:pointer}
+.preln-segment{padding:.2em .75em;border:1px solid var(--preln-track,#6b6f76);margin-left:-1px}
+.preln-segment:first-child{margin-left:0;border-radius:.35em 0 0 .35em}
+.preln-segment:last-child{border-radius:0 .35em .35em 0}
+.preln-segment[aria-checked=true]{background:var(--preln-thumb,#0b5cad);border-color:var(--preln-thumb,#0b5cad);color:var(--preln-thumb-ring,#fff);font-weight:600}
+.preln-slider:focus,.preln-segmented:focus{outline:none}
+.preln-slider:focus-visible,.preln-segmented:focus-visible,.preln-explorable select:focus-visible,.preln-explorable-button:focus-visible{outline:3px solid var(--preln-focus,#0b5cad);outline-offset:2px}
+.preln-explorable select{max-width:100%}
 .preln-explorable-frame{display:block;max-width:100%;height:auto}
 .preln-explorable-description{margin:.25em 0 0}
 .preln-explorable-status{position:absolute!important;width:1px;height:1px;margin:-1px;padding:0;overflow:hidden;clip:rect(0 0 0 0);white-space:nowrap;border:0}
-@media (forced-colors:active){.preln-slider-track,.preln-slider-tick{background:CanvasText}.preln-slider-thumb{background:Highlight;border-color:Canvas}}
-@media print{.preln-explorable-controls{display:none}.preln-explorable-settings{display:inline}.preln-explorable{break-inside:avoid}}
+@media (max-width:36em){.preln-explorable{padding:.6em .6em .4em}.preln-explorable-controls{grid-template-columns:minmax(0,1fr) max-content;gap:.2em .6em}.preln-explorable-label{grid-column:1/-1;margin-top:.3em}.preln-explorable-value{min-width:0}.preln-slider{min-width:3.5em}.preln-explorable-button{min-width:1.8em}}
+@media (forced-colors:active){.preln-slider-track,.preln-slider-tick{background:CanvasText}.preln-slider-thumb{background:Highlight;border-color:Canvas}.preln-segment[aria-checked=true],.preln-explorable-button[aria-pressed=true]{background:Highlight;color:HighlightText;forced-color-adjust:none}}
+@media print{.preln-explorable-controls{display:none}.preln-explorable-settings{display:inline}.preln-explorable-badge{display:none}.preln-explorable{break-inside:avoid;border:0;padding:0}}
 </style>"""
 
 # The controller, inlined in every explorable (no dependencies; runs once per id). Frame entries
 # are [src, alt, announcement, settings(, description)]; src is a data URI in the notebook and a file on the site.
+# Controls: a slider (arrows, Page keys, Home/End, pointer; with step and play buttons), a
+# segmented toggle (a radio group: arrows, Home/End, click), a <select>.
 _JS = """(function(){var r=document.getElementById("__ID__");if(!r||r.getAttribute("data-ready"))return;
 r.setAttribute("data-ready","1");
 var note=r.querySelector(".preln-explorable-note");if(note)note.parentNode.removeChild(note);
@@ -877,35 +952,55 @@ r.querySelector(".preln-explorable-controls").hidden=false;
 var d=JSON.parse(r.querySelector("script.preln-explorable-data").textContent);
 var img=r.querySelector(".preln-explorable-frame"),live=r.querySelector(".preln-explorable-status"),
 set=r.querySelector(".preln-explorable-settings"),desc=document.getElementById("__ID__-description"),cs=r.querySelectorAll("[data-preln-control]"),
-idx=[],timer=null,fetched=false,moved=-1;
+idx=[],timer=null,fetched=false,moved=-1,playing=null;
+var still=window.matchMedia&&window.matchMedia("(prefers-reduced-motion: reduce)").matches;
 function full(){var a=img.parentNode;if(a.tagName==="A"&&img.getAttribute("src").slice(0,5)!=="data:")a.href=img.getAttribute("src");}
 full();window.addEventListener("beforeprint",function(){img.parentNode.removeAttribute("href");});
 window.addEventListener("afterprint",full);
 function prefetch(){if(fetched)return;fetched=true;for(var k in d.frames){var s=d.frames[k][0];
 if(s.slice(0,5)!=="data:")(new Image()).src=s;}}
+function role(c){return c.getAttribute("role");}
+function buttons(){var bs=r.querySelectorAll("[data-preln-step]");for(var b=0;b<bs.length;b++){var i=+bs[b].getAttribute("data-preln-step"),
+by=+bs[b].getAttribute("data-preln-by"),j=idx[i]+by;bs[b].setAttribute("aria-disabled",j<0||j>d.labels[i].length-1?"true":"false");}}
 function show(){var f=d.frames[idx.join(",")];if(!f)return;
-for(var i=0;i<cs.length;i++){var c=cs[i],j=idx[i],lab=d.labels[i][j];
-document.getElementById(c.id+"-value").textContent=lab;
-if(c.getAttribute("role")==="slider"){c.setAttribute("data-index",j);c.setAttribute("aria-valuenow",d.values[i][j]);
+for(var i=0;i<cs.length;i++){var c=cs[i],j=idx[i],lab=d.labels[i][j],v=document.getElementById(c.id+"-value");
+if(v)v.textContent=lab;
+if(role(c)==="slider"){c.setAttribute("data-index",j);c.setAttribute("aria-valuenow",d.values[i][j]);
 c.setAttribute("aria-valuetext",lab);c.style.setProperty("--preln-pos",j/(d.labels[i].length-1));}
+else if(role(c)==="radiogroup"){c.setAttribute("data-index",j);c.setAttribute("aria-activedescendant",c.id+"-o"+j);
+var ss=c.querySelectorAll("[role=radio]");for(var k=0;k<ss.length;k++)ss[k].setAttribute("aria-checked",k===j?"true":"false");}
 else if(+c.value!==j)c.value=j;}
+buttons();
 img.src=f[0];img.alt=f[1];full();if(set)set.textContent=": "+f[3];if(desc&&f[4])desc.textContent=f[4];
 var said=moved<0?"":d.names[moved]+" "+d.labels[moved][idx[moved]]+": ";
 clearTimeout(timer);timer=setTimeout(function(){live.textContent=said+f[2];},350);}
 function choose(i,j){prefetch();j=Math.max(0,Math.min(d.labels[i].length-1,j));if(j!==idx[i]){idx[i]=j;moved=i;show();}}
-function slider(c,i){var n=d.labels[i].length,page=Math.max(1,Math.round(n/4));
+function stop(){if(!playing)return;clearInterval(playing.t);playing.b.setAttribute("aria-pressed","false");
+playing.b.firstChild.textContent="\u25B6";playing=null;}
+function play(b,i){var n=d.labels[i].length;if(playing){var was=playing.b;stop();if(was===b)return;}
+if(idx[i]>=n-1)choose(i,0);b.setAttribute("aria-pressed","true");b.firstChild.textContent="\u275A\u275A";
+playing={b:b,t:setInterval(function(){choose(i,idx[i]+1);if(idx[i]>=n-1)stop();},d.play_ms)};}
+function keys(c,i,wrap){var n=d.labels[i].length,page=Math.max(1,Math.round(n/4));
 c.addEventListener("keydown",function(e){var j=idx[i],k=e.key;
 if(k==="ArrowRight"||k==="ArrowUp")j++;else if(k==="ArrowLeft"||k==="ArrowDown")j--;
-else if(k==="PageUp")j+=page;else if(k==="PageDown")j-=page;else if(k==="Home")j=0;else if(k==="End")j=n-1;
-else return;e.preventDefault();choose(i,j);});
-function at(e){var t=c.firstChild.getBoundingClientRect();choose(i,Math.round((e.clientX-t.left)/Math.max(1,t.width)*(n-1)));}
-c.addEventListener("pointerdown",function(e){if(e.button)return;e.preventDefault();c.focus();
-if(c.setPointerCapture)c.setPointerCapture(e.pointerId);at(e);});
-c.addEventListener("pointermove",function(e){if(c.hasPointerCapture&&c.hasPointerCapture(e.pointerId))at(e);});
+else if(!wrap&&k==="PageUp")j+=page;else if(!wrap&&k==="PageDown")j-=page;else if(k==="Home")j=0;else if(k==="End")j=n-1;
+else return;e.preventDefault();stop();if(wrap)j=(j+n)%n;choose(i,j);});
 var l=document.getElementById(c.id+"-label");if(l)l.addEventListener("click",function(){c.focus();});}
-for(var i=0;i<cs.length;i++){var c=cs[i];idx.push(c.getAttribute("role")==="slider"?+c.getAttribute("data-index"):+c.value);
-if(c.getAttribute("role")==="slider")slider(c,i);
+function slider(c,i){var n=d.labels[i].length;keys(c,i,false);
+function at(e){var t=c.firstChild.getBoundingClientRect();choose(i,Math.round((e.clientX-t.left)/Math.max(1,t.width)*(n-1)));}
+c.addEventListener("pointerdown",function(e){if(e.button)return;e.preventDefault();c.focus();stop();
+if(c.setPointerCapture)c.setPointerCapture(e.pointerId);at(e);});
+c.addEventListener("pointermove",function(e){if(c.hasPointerCapture&&c.hasPointerCapture(e.pointerId))at(e);});}
+function toggle(c,i){keys(c,i,true);c.addEventListener("click",function(e){var s=e.target.closest("[role=radio]");
+if(s&&c.contains(s)){c.focus();choose(i,+s.getAttribute("data-k"));}});}
+for(var i=0;i<cs.length;i++){var c=cs[i];idx.push(c.tagName==="SELECT"?+c.value:+c.getAttribute("data-index"));
+if(role(c)==="slider")slider(c,i);else if(role(c)==="radiogroup")toggle(c,i);
 else(function(c,i){function pick(){choose(i,+c.value);}c.addEventListener("change",pick);c.addEventListener("input",pick);})(c,i);}
+var bs=r.querySelectorAll("[data-preln-step]");for(var b=0;b<bs.length;b++)(function(b){b.addEventListener("click",function(){
+if(b.getAttribute("aria-disabled")==="true")return;stop();var i=+b.getAttribute("data-preln-step");choose(i,idx[i]+(+b.getAttribute("data-preln-by")));});})(bs[b]);
+var ps=r.querySelectorAll("[data-preln-play]");for(var p=0;p<ps.length;p++)(function(b){if(still){b.hidden=true;return;}
+b.addEventListener("click",function(){play(b,+b.getAttribute("data-preln-play"));});})(ps[p]);
+buttons();
 r.addEventListener("focusin",prefetch);r.addEventListener("pointerenter",prefetch);
 })();"""
 
@@ -924,7 +1019,8 @@ def explorable(plot: Callable[..., Any], controls: Mapping[str, Sequence[Any]], 
     controls : dict
         Control name (``plot``'s keyword) -> list of values, or :func:`control` (the values with
         their label). 1 to 3 controls; the product of their lengths is at most ``MAX_FRAMES``.
-        A numeric list becomes a slider, anything else a drop-down.
+        At most MAX_TOGGLE_VALUES values become a segmented toggle; more numbers a slider with
+        step and play buttons (in the order given); more of anything else a drop-down.
     alt : str or callable
         Descriptive alt text for each frame (what the figure shows, not "a plot"): a function
         ``alt(**values) -> str``, or a str used for every frame with the settings appended.

@@ -1,5 +1,5 @@
 """Decode speed of SmolLM2-135M: preln's float32 Llama blocks against torch eager, preln's int8 and
-4-bit weight-only models (:func:`preln.gguf.quantize`, RTN, groups of 32, head included) against
+4-bit weight-only models (:func:`preln.quant.weight_only.quantize_model`, RTN, groups of 32, head included) against
 preln's float32, and each against its own memory-bandwidth bound.
 
     python -m preln.gguf.bench [--prompt 32] [--new 32] [--rounds 5]
@@ -31,8 +31,9 @@ import numpy as np
 
 from preln.blas import blas_threads
 from preln.measure import best_time
-from preln.gguf.model import load, smollm2_path
-from preln.gguf.quant import quantize
+from preln.gguf.model import smollm2_path
+from preln.models.llama_lm import LlamaLM
+from preln.quant.weight_only import quantize_model
 
 __all__ = ["read_bandwidth", "bytes_per_token", "preln_decode_seconds", "torch_decode_seconds",
            "llama_cpp_decode_seconds", "run", "main"]
@@ -132,12 +133,12 @@ def run(prompt_len=32, n_new=32, rounds=5, path=None):
     """Measure and return the rows: {name: {"tok_s", "bound_frac", "cpu_tok_s", "cpu_bound_frac",
     "weight_bytes"}}, with the bytes and the bandwidth (the best of a measurement after each round)."""
     path = smollm2_path() if path is None else path
-    lm = load(path, dtype=np.float32)
+    lm = LlamaLM.from_gguf(path, dtype=np.float32)
     prompt = lm.tokenizer.encode(PROMPT)
     prompt = (prompt * (prompt_len // len(prompt) + 1))[:prompt_len]
     model, why = torch_model(path)
-    models = {"preln": lm, "preln int8": quantize(lm, "rtn", bits=8, group_size=32),
-              "preln 4-bit": quantize(lm, "rtn", bits=4, group_size=32)}
+    models = {"preln": lm, "preln int8": quantize_model(lm, "rtn", bits=8, group_size=32),
+              "preln 4-bit": quantize_model(lm, "rtn", bits=4, group_size=32)}
     runs = {name: (lambda m=m: preln_decode_seconds(m, prompt, n_new)) for name, m in models.items()}
     if model is not None:
         runs["torch eager"] = lambda: torch_decode_seconds(model, prompt, n_new)

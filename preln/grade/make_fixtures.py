@@ -26,6 +26,15 @@ book/running.md's threat model lists the attacks. derivation_ops:
   noor    q3 without the all -inf rule                              -> q3 3 of 4 (all -inf slices)
   ines    q4 masks with -1e9 (the Annotated Transformer's idiom)    -> q4 3 of 4 (fully masked rows)
   hugo    q3 computed in float64 for a float16 input                -> q3 3 of 4 (dtype)
+  One honest slip per other assignment (SLIPS; alice beside it scores full marks):
+  dora    derivation_block q5 without the forward on x (the block's stale cache) -> q5 3 of 4
+  ruth    preln_vs_postln q2 with eps inside the square root        -> q2 4 of 5 (eps)
+  olga    precision q5 does not restart the count when the scale grows -> q5 4 of 5 (growth)
+  sven    shape_flow q4 keeps 16-bit statistics in the storage dtype -> q4 4 of 6 (16-bit dtypes)
+  mona    modern_block q7 averages dk, dv over a group of query heads -> q7 3 of 5 (dk and dv)
+  tara    inference q4 attends over the whole preallocated cache -> q4 4 of 6 (garbage past the length)
+  ivo     many_devices q1 adds into np.split's views (the inputs) -> q1 3 of 4 (inputs unchanged)
+  cora    real_model q4 without S = 1 for a constant group      -> q4 4 of 5 (constant groups)
   judy    the untouched student notebook                           -> 0
   erin    a truncated, corrupt file                                -> failed
   frank   a notebook whose cell metadata was stripped              -> failed
@@ -647,6 +656,103 @@ MISTAKES = {
     },
 }
 
+#: issue 32: an honest slip per assignment (a plausible one-line mistake) that loses one requirement
+#: only, no cascade: {assignment: {student: (question, its score, {answer cell: code})}}
+SLIPS = {
+    "derivation_block": {"dora": ("q5", 3, {
+        "q5_jacobian": '''def input_jacobian(block, x):
+    n = x.size
+    J = np.empty((n, n))
+    for i in range(n):                   # no forward on x: the backward uses whatever the block cached
+        e = np.zeros(n)
+        e[i] = 1
+        J[i] = block.backward(e.reshape(x.shape)).ravel()
+    return J''',
+    })},
+    "preln_vs_postln": {"ruth": ("q2", 4, {
+        "q2_adam": '''def adam_step(theta, g, m, v, t, lr, betas=(0.9, 0.98), eps=1e-8):
+    b1, b2 = betas
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    m_hat, v_hat = m / (1 - b1 ** t), v / (1 - b2 ** t)
+    return theta - lr * m_hat / np.sqrt(v_hat + eps), m, v      # eps inside the root''',
+    })},
+    "precision": {"olga": ("q5", 4, {
+        "q5_loss_scaler": '''def scaler_step(grads, scale, good_steps, growth_interval=2000, growth=2.0, backoff=0.5):
+    if not all(np.isfinite(g).all() for g in grads.values()):
+        return None, scale * backoff, 0
+    unscaled = {k: g.astype(np.float32) / np.float32(scale) for k, g in grads.items()}
+    good_steps += 1
+    if good_steps == growth_interval:
+        return unscaled, scale * growth, good_steps             # the count not restarted
+    return unscaled, scale, good_steps''',
+    })},
+    "shape_flow": {"sven": ("q4", 4, {
+        "q4_kept_bytes": '''def kept_bytes(cfg, B, S, dtype, key_padding_mask=False):
+    D, H, F = cfg.d_model, cfg.n_heads, cfg.d_ff
+    item = np.dtype(dtype).itemsize                       # statistics and Phi(u) in the storage dtype too
+    tokens = B * S
+    norms = 2 * (tokens * D * item + 2 * tokens * item)
+    attention = tokens * D * item + tokens * 3 * D * item + B * H * S * S * item + tokens * D * item
+    masks = tokens if key_padding_mask else 0
+    mlp = tokens * D * item + 2 * tokens * F * item + (tokens * F * item if cfg.activation == "gelu" else 0)
+    return norms + attention + masks + mlp''',
+    })},
+    "modern_block": {"mona": ("q7", 3, {
+        "q7_gqa_attention_backward": '''def gqa_attention_backward(dout, q, k, v, causal=False):
+    B, H, S, dh = q.shape
+    H_kv = k.shape[1]
+    qg = q.reshape(B, H_kv, H // H_kv, S, dh)
+    dog = dout.reshape(qg.shape)
+    kg, vg = k[:, :, None], v[:, :, None]
+    s = qg @ kg.swapaxes(-1, -2) / np.sqrt(dh)
+    if causal:
+        s = np.where(np.triu(np.ones((S, S), dtype=bool), k=1), -np.inf, s)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    p = p / p.sum(axis=-1, keepdims=True)
+    dp = dog @ vg.swapaxes(-1, -2)
+    dz = p * (dp - (p * dp).sum(axis=-1, keepdims=True)) / np.sqrt(dh)
+    dq = (dz @ kg).reshape(q.shape)
+    dk = (dz.swapaxes(-1, -2) @ qg).mean(axis=2)          # averaged over the group, not summed
+    dv = (p.swapaxes(-1, -2) @ dog).mean(axis=2)
+    return dq, dk, dv''',
+    })},
+    "inference": {"tara": ("q4", 4, {
+        "q4_decode_attention": '''def decode_attention(q, k_cache, v_cache, length):
+    s = q @ k_cache.transpose(0, 1, 3, 2) / np.sqrt(q.shape[-1])     # every preallocated position
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    return (p / p.sum(axis=-1, keepdims=True)) @ v_cache''',
+    })},
+    "many_devices": {"ivo": ("q1", 3, {
+        "q1_reduce_scatter": '''def ring_reduce_scatter(xs):
+    P = len(xs)
+    acc = [np.split(x, P) for x in xs]                     # views of the inputs
+    for s in range(P - 1):
+        sent = [acc[r][(r - s - 1) % P] for r in range(P)]
+        for r in range(P):
+            acc[r][(r - s - 2) % P] += sent[(r - 1) % P]   # adds into them
+    return [acc[r][r] for r in range(P)]''',
+    })},
+    "real_model": {"cora": ("q4", 4, {
+        "q4_requantize": '''def requantize(w, bits, group_size, integer_zero=False):
+    M, K = w.shape
+    if K % group_size:
+        raise ValueError(f"group_size: expected a divisor of K = {K}; got {group_size}")
+    wg = w.astype(np.float64).reshape(M, K // group_size, group_size)
+    lo, hi = wg.min(axis=-1, keepdims=True), wg.max(axis=-1, keepdims=True)
+    top = 2 ** bits - 1
+    scale = (hi - lo) / top                                # 0 for a constant group
+    if integer_zero:
+        zero = np.rint(-lo / scale)
+        q = np.clip(np.rint(wg / scale) + zero, 0, top)
+        w_hat = scale * (q - zero)
+    else:
+        q = np.clip(np.rint((wg - lo) / scale), 0, top)
+        w_hat = scale * q + lo
+    return q.reshape(M, K).astype(np.int64), w_hat.reshape(M, K)''',
+    })},
+}
+
 INT8 = {
     "kim": {
         "q1_quantize": '''def quantize_absmax(x, per_row=False, scale=None):
@@ -833,6 +939,14 @@ def issue37_students(release, source):
     return out
 
 
+def slip_students(name, release, source):
+    """{student: notebook}: alice (the solutions) and the slips of SLIPS[name]."""
+    if name not in SLIPS:
+        return {}
+    return {"alice": filled(release, source),
+            **{s: filled(release, source, answers) for s, (_, _, answers) in SLIPS[name].items()}}
+
+
 def issue22_students(name, release, source):
     """{student: notebook} of the fixture students of issue 22 (item 4 and the keyring relay)."""
     out = {}
@@ -861,6 +975,9 @@ def expected(name, source):
     def but(**scores):
         """Full marks but these questions' scores, e.g. but(q1=0, q3=1)."""
         return {c: scores.get(c.split("_")[0], p) for c, p in full.items()}
+
+    slips = {s: (but(**{q: p}), "ok") for s, (q, p, _) in SLIPS.get(name, {}).items()}
+    slips.update({"alice": (full, "ok")} if slips else {})
 
     if name == "derivation_ops":
         return {
@@ -901,9 +1018,11 @@ def expected(name, source):
         # keeps full marks; the candidate picker loses q2; the in-place Adam with the patched
         # harness loses every question (no credit for code that touches the harness)
         return {"alice": (full, "ok"), "pia": (but(q2=0), "ok"), "bea": (zero, "ok"),
-                "zack": (None, "failed: refused: the student's folder is a symbolic link")}
+                "zack": (None, "failed: refused: the student's folder is a symbolic link"), **slips}
     if name == "derivation_block":
-        return {"kai": (zero, "ok")}
+        return {"kai": (zero, "ok"), **slips}
+    if name in SLIP_NAMES:
+        return slips
     return {"zack": (None, "failed: refused: the student's folder is a symbolic link"), "alice": (full, "ok"), "kim": (full, "ok"), "liam": (full, "ok"), "judy": (zero, "ok"),
             "wendy": (but(q3=3), "ok"), "mallory": (zero, "ok"), "oscar": (zero, "ok"),
             "peggy": (zero, "ok")}
@@ -913,6 +1032,8 @@ NAMES = ("derivation_ops", "int8")
 #: assignments only issue 22's students hand in (derivation_block first: kai's relay needs it graded
 #: before its derivation_ops notebook, as a worker grades a student's notebooks in this order)
 ISSUE22_NAMES = ("derivation_block", "preln_vs_postln")
+#: assignments only issue 32's slips (and alice) hand in
+SLIP_NAMES = tuple(n for n in SLIPS if n not in NAMES + ISSUE22_NAMES)
 
 
 def main():
@@ -920,10 +1041,11 @@ def main():
     shutil.rmtree(subs, ignore_errors=True)
     roster = set()
     want = {}
-    for name in NAMES + ISSUE22_NAMES:
+    for name in NAMES + ISSUE22_NAMES + SLIP_NAMES:
         release, source = nbtools.read(nbtools.release_path(name)), nbtools.read(nbtools.source_path(name))
         made = students(name, release, source) if name in NAMES else {}
         made.update(issue22_students(name, release, source))
+        made.update(slip_students(name, release, source))
         for student, nb in made.items():
             path = subs / student / name / f"{name}.ipynb"
             path.parent.mkdir(parents=True, exist_ok=True)

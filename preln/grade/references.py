@@ -70,3 +70,28 @@ DECODE_STEP_COST = code(
 KV_CACHE_BYTES = code(
     "lambda n_layers, batch, max_len, n_heads, d_head, itemsize: 2 * n_layers * batch * max_len * "
     "n_heads * d_head * itemsize")
+
+#: shape_flow question 1: the FLOPs of the forward's six matmuls (2 per multiply-add)
+FORWARD_MATMUL_FLOPS = code(
+    "lambda cfg, B, S: {'attn.in_proj': 6 * B * S * cfg.d_model ** 2, 'attn.scores': 2 * B * S * S * "
+    "cfg.d_model, 'attn.weighted_sum': 2 * B * S * S * cfg.d_model, 'attn.out_proj': 2 * B * S * "
+    "cfg.d_model ** 2, 'mlp.linear1': 2 * B * S * cfg.d_model * cfg.d_ff, 'mlp.linear2': 2 * B * S * "
+    "cfg.d_model * cfg.d_ff}")
+
+#: precision question 1: a binary format's limits from its exponent and mantissa bits
+FORMAT_LIMITS = code(
+    "lambda e, m: (lambda bias: {'max': math.ldexp(2 - math.ldexp(1, -m), 2 ** e - 2 - bias), "
+    "'min_normal': math.ldexp(1, 1 - bias), 'min_subnormal': math.ldexp(1, 1 - bias - m), "
+    "'eps': math.ldexp(1, -m)})(2 ** (e - 1) - 1)")
+
+#: many_devices question 1: ring reduce-scatter; chunk c adds rank c + 1's, then c + 2's, ..., c's
+#: (the package's ring order, bit for bit: a + b == b + a, so each step's sum is the running one)
+RING_REDUCE_SCATTER = code(
+    "lambda xs: (lambda P: (lambda parts: [sum([parts[(c + 2 + i) % P][c] for i in range(P - 1)], "
+    "parts[(c + 1) % P][c]) for c in range(P)])([np.split(x, P) for x in xs]))(len(xs))")
+
+#: many_devices question 2: ring all-reduce of the flattened arrays, zero-padded to P equal chunks
+RING_ALL_REDUCE = code(
+    "lambda xs: (lambda P, n, shape: (lambda y: [y[:n].reshape(shape).copy() for _ in range(P)])("
+    "np.concatenate(rs([np.concatenate([x.reshape(-1), np.zeros(-n % P, x.dtype)]) for x in xs]))))("
+    "len(xs), xs[0].size, xs[0].shape)", rs=RING_REDUCE_SCATTER)

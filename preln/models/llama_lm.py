@@ -10,6 +10,11 @@ Parameter names are those of transformers' ``LlamaForCausalLM.state_dict()``:
 (D,), ``lm_head.weight`` (V, D). Every backward is written by hand: the cross-entropy's, the head's,
 the final RMSNorm's, each block's, and the embedding's scatter-add.
 
+A real model: ``LlamaLM.from_gguf(path)`` reads a Llama-architecture GGUF file (llama.cpp's format,
+:func:`preln.gguf.model.read_llama`) with its tokenizer -- SmolLM2-135M-Instruct is
+``LlamaLM.from_gguf(preln.gguf.smollm2_path())`` -- and ``lm.chat(messages)`` answers in its
+chat template. :func:`preln.quant.weight_only.quantize_model` quantises it weight-only.
+
 Initialisation (``init``): "xavier" (default) draws every block weight from N(0, 2 / (n_in + n_out)),
 the embedding from N(0, 0.02^2) and the head Xavier normal -- TinyLM's scheme (Xiong et al. 2020),
 so that the chapter's comparison with the reference LM changes the block and nothing else;
@@ -17,10 +22,13 @@ so that the chapter's comparison with the reference LM changes the block and not
 
 :func:`preln.models.pretrained.train_lm` trains it with the reference LM's recipe.
 """
+import copy
 from typing import NamedTuple
 
 import numpy as np
 
+from preln.gguf.model import read_llama
+from preln.gguf.tokenizer import GGUFTokenizer
 from preln.models.lm import LanguageModel, TokenIO, embedding_backward
 from preln.nn.llama import LlamaBlock, LlamaConfig
 from preln.ops import linear_backward, rms_norm_backward, rms_norm_forward
@@ -49,7 +57,16 @@ class LlamaLMConfig(NamedTuple):
 
 
 class LlamaLM(LanguageModel):
-    """A causal character LM: an embedding, L :class:`preln.LlamaBlock` s, RMSNorm, a head."""
+    """A causal LM: an embedding, L :class:`preln.LlamaBlock` s, RMSNorm, a head -- a character LM
+    trained here, or a real model read from a GGUF file (:meth:`from_gguf`): then ``tokenizer``
+    (a :class:`preln.gguf.GGUFTokenizer`), ``metadata``, ``context_length`` (the trained context)
+    and ``tensor_types`` ({GGUF name: type}) say what the file held, and the head may be the
+    embedding itself (``tied``)."""
+
+    tokenizer = None
+    metadata = {}
+    context_length = None
+    tensor_types = {}
 
     def __init__(self, config=LlamaLMConfig(), dtype=np.float64, seed=0):
         if not isinstance(config, LlamaLMConfig):
@@ -73,9 +90,67 @@ class LlamaLM(LanguageModel):
                     "model.norm.weight": np.ones(D),
                     "lm_head.weight": rng.normal(0, head_std, (V, D))}
         self.own = {k: v.astype(self.dtype) for k, v in self.own.items()}
-        self.own_grads = {k: np.zeros_like(v) for k, v in self.own.items()}
-        self.io = TokenIO(V, None, tok="model.embed_tokens.weight", pos=None, head="lm_head.weight", bias=None)
+        self._own_grads = None
+        self.io = self.token_io(config)
         self._cache = None
+
+    @staticmethod
+    def token_io(config):
+        return TokenIO(config.vocab_size, None, tok="model.embed_tokens.weight", pos=None,
+                       head="lm_head.weight", bias=None)
+
+    @classmethod
+    def from_parts(cls, config, layers, own, tokenizer=None, metadata=None, context_length=None,
+                   tensor_types=None):
+        """An LM of given blocks and ``own`` (embed_tokens, norm, lm_head: the embedding itself
+        when tied), no weights drawn; the rest as :meth:`from_gguf` sets them."""
+        if not isinstance(config, LlamaLMConfig):
+            raise TypeError(f"config: expected a preln.models.llama_lm.LlamaLMConfig; got {type(config).__name__}")
+        lm = cls.__new__(cls)
+        lm.config, lm.layers, lm.own = config, list(layers), dict(own)
+        lm.dtype = lm.layers[0].dtype
+        lm.io, lm._own_grads, lm._cache = cls.token_io(config), None, None
+        lm.tokenizer, lm.metadata, lm.context_length = tokenizer, metadata or {}, context_length
+        lm.tensor_types = tensor_types or {}
+        return lm
+
+    @classmethod
+    def from_gguf(cls, path, dtype=np.float32, tokenizer=True):
+        """The Llama-architecture GGUF file at ``path`` (:func:`preln.gguf.model.read_llama`) as an
+        LM in eval mode, every weight dequantised to ``dtype`` (float32 or float64), with the
+        file's tokenizer (tokenizer=False skips it); a tied head (no ``output.weight``) is the
+        embedding array itself."""
+        f = read_llama(path, dtype)
+        config = LlamaLMConfig(**f.config)
+        template = LlamaBlock(config.block_config(), dtype=f.own["model.norm.weight"].dtype, seed=0).eval()
+        layers = []
+        for sd in f.layers:
+            block = copy.copy(template)    # the config and settings; load_state_dict replaces the weights
+            block.load_state_dict(sd)      # shapes checked; cast to dtype
+            layers.append(block)
+        return cls.from_parts(config, layers, f.own, GGUFTokenizer(f.metadata) if tokenizer else None,
+                              f.metadata, f.context_length, f.tensor_types)
+
+    @property
+    def own_grads(self):   # allocated at the first use: a loaded model that only decodes needs none
+        if self._own_grads is None:
+            self._own_grads = {k: np.zeros_like(v) for k, v in self.own.items()}
+        return self._own_grads
+
+    @property
+    def tied(self):
+        """Whether the head is the embedding (a GGUF file without output.weight)."""
+        return self.own["lm_head.weight"] is self.own["model.embed_tokens.weight"]
+
+    def num_params(self):
+        """Distinct parameters (a tied head counted once)."""
+        n = sum(v.size for v in self.params.values())
+        return int(n - (self.own["lm_head.weight"].size if self.tied else 0))
+
+    def weight_nbytes(self):
+        """Bytes of the parameters as stored here (a tied head counted once)."""
+        n = sum(v.nbytes for v in self.params.values())
+        return int(n - (self.own["lm_head.weight"].nbytes if self.tied else 0))
 
     # ---- parameters ----------------------------------------------------------------------------
     def _named(self, own, of_layer):  # transformers' order: embedding, layers, norm, head
@@ -99,12 +174,21 @@ class LlamaLM(LanguageModel):
         return self.layers
 
     # ---- forward and backward ------------------------------------------------------------------
-    def forward(self, tokens):  # (B, S) int -> logits (B, S, V)
-        h, c_emb = self.io.embed(self.own, tokens)                                  # (B, S, D)
+    def embed(self, tokens, name="tokens"):  # (B, S) int -> h_0 (B, S, D), cache
+        return self.io.embed(self.own, tokens, name=name)
+
+    def logits(self, h):  # (B, S, D) -> (B, S, V), cache
+        return self.io.logits(self.own, h)
+
+    def forward(self, tokens):  # (B, S) or (S,) int -> logits (B, S, V) or (S, V)
+        tokens = np.asarray(tokens)
+        if tokens.ndim == 1:                                                        # one sequence
+            return self.forward(tokens[None])[0]
+        h, c_emb = self.embed(tokens)                                               # (B, S, D)
         for layer in self.layers:
             h = layer(h)                                                            # (B, S, D)
         h, c_norm = rms_norm_forward(h, self.own["model.norm.weight"], self.config.eps)
-        logits, c_head = self.io.logits(self.own, h)                                # (B, S, V)
+        logits, c_head = self.logits(h)                                             # (B, S, V)
         self._cache = (c_emb, c_norm, c_head)
         return logits
 
@@ -134,8 +218,8 @@ class LlamaLM(LanguageModel):
         if not isinstance(kv, StackKVCache) or len(kv.layers) != len(self.layers):
             raise TypeError(f"kv: expected the StackKVCache of lm.kv_cache(batch, max_len); got "
                             f"{type(kv).__name__}")
-        h, _ = self.io.embed(self.own, tokens_new, name="tokens_new")                 # (B, n, D)
+        h, _ = self.embed(tokens_new, "tokens_new")                                   # (B, n, D)
         for layer, layer_kv in zip(self.layers, kv.layers):
             h = layer.decode(h, layer_kv)
         h, _ = rms_norm_forward(h, self.own["model.norm.weight"], self.config.eps)
-        return self.io.logits(self.own, h)[0]                                         # (B, n, V)
+        return self.logits(h)[0]                                                      # (B, n, V)

@@ -148,11 +148,23 @@ class TokenIO(NamedTuple):
 
 # ---- the model -------------------------------------------------------------------------------
 class Generator:
-    """``generate`` for any LM with ``config.vocab_size``, ``forward``, ``kv_cache`` and ``decode``
-    (written once: TinyLM, LlamaLM, the GGUF models). ``max_positions``: the positions the model
-    has embeddings for (None: RoPE, no such limit)."""
+    """``generate`` (and ``chat``) for any LM with ``config.vocab_size``, ``forward``, ``kv_cache``
+    and ``decode`` (written once: TinyLM, LlamaLM, the quantised LMs). ``max_positions``: the
+    positions the model has embeddings for (None: RoPE, no such limit); ``tokenizer``: what
+    ``chat`` renders and reads text with (None: token ids only)."""
 
     max_positions = None
+    tokenizer = None
+
+    def chat(self, messages, n_new=64, temperature=0.0, seed=None):
+        """The assistant's reply to ``messages`` (the tokenizer's chat template), as text."""
+        if self.tokenizer is None:   # else "'NoneType' object has no attribute 'apply_chat_template'"
+            raise ValueError("tokenizer: expected a GGUFTokenizer to render the chat template; got None "
+                             "(a model without a tokenizer, e.g. LlamaLM.from_gguf(path, tokenizer=False)): "
+                             "load it with its tokenizer, or call generate(ids, n_new) with token ids")
+        prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        out = self.generate(np.array(prompt), n_new, temperature, seed, stop_at=self.tokenizer.eos_token_id)
+        return self.tokenizer.decode(out[len(prompt):], skip_special_tokens=True)
 
     def generate(self, prompt_ids, n_new, temperature=0.0, seed=None, use_cache=True, stop_at=None):
         """Continue ``prompt_ids`` ((S0,) or (B, S0) ints) by ``n_new`` tokens.

@@ -211,6 +211,17 @@ class Module:
         for g in self.grads.values():
             g[...] = 0
 
+    def drop_cache(self):
+        """Forget what the last forward kept for the backward, here and in every child: its
+        memory is freed, and a backward now needs a new forward. Returns self."""
+        self._drop_own_cache()
+        for child in self.children():
+            child.drop_cache()
+        return self
+
+    def _drop_own_cache(self):
+        self._cache = None
+
     def state_dict(self):
         """A copy of the parameters, keyed and shaped as the reference model's state dict."""
         return {k: v.copy() for k, v in self.params.items()}
@@ -328,7 +339,7 @@ class BlockBase(Module):
         of the batch is at the same position). Nothing is kept for a backward: ``block.backward``
         still differentiates the last ``forward``.
         """
-        x = self._check_decode(x_new, kv)                         # (B, n, D)
+        x = self.check_decode(x_new, kv)                          # (B, n, D)
         kept, self._kv = self._cache, kv                          # forward's attention reads kv
         try:
             y = self.forward(x)
@@ -337,7 +348,9 @@ class BlockBase(Module):
         kv.length += x.shape[1]                                   # only once the step has succeeded
         return y
 
-    def _check_decode(self, x_new, kv):  # -> x_new as (B, n, D) in the block's dtype
+    def check_decode(self, x_new, kv):  # -> x_new as (B, n, D) in the block's dtype
+        """The checks of :meth:`decode`, alone: a stack runs them on every layer before any
+        layer's cache moves. Raises what decode would; returns x_new as decode reads it."""
         self._check_causal("decode")
         if self.training:
             raise RuntimeError("decode: the block is in training mode; decoding is inference -- "

@@ -217,7 +217,7 @@ class RMSNorm(Norm):
 
 class _Linears(Sublayer):
     """Attention and the MLP, over the linear layers ``block.linear(name)`` gives them: a
-    quantised block swaps them (:class:`preln.gguf.quant.WeightOnlyLlamaBlock`)."""
+    quantised block swaps them (:class:`preln.quant.weight_only.WeightOnlyLlamaBlock`)."""
 
     def into_residual(self, out, residual):
         if self.fused:      # the MLP's output is its own: the residual is added into it

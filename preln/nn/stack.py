@@ -162,6 +162,9 @@ class TransformerStack(Module):
     def children(self):
         return self.layers
 
+    def _drop_own_cache(self):  # the checkpointed inputs, the final norm's cache, the forward's shape
+        self._inputs = self._norm_cache = self._shape = None
+
     def load_state_dict(self, state_dict):
         """Strict: every key of :meth:`param_shapes`, no extra key, exact shapes."""
         shapes = self.param_shapes()
@@ -193,7 +196,7 @@ class TransformerStack(Module):
                 self._inputs.append((x, key_padding_mask, layer.rng.bit_generator.state))  # dropout state
             x = layer(x, key_padding_mask)                          # x_l = Block_l(x_{l-1})   (B, S, D)
             if self.checkpoint:
-                layer._cache = None                                 # ... and drop its activations
+                layer.drop_cache()                                  # ... and drop its activations
             hidden.append(x)
         self._shape = x.shape
         if self.final_norm:
@@ -218,7 +221,7 @@ class TransformerStack(Module):
             raise ValueError(f"kv: the layers' caches hold different lengths "
                              f"{[c.length for c in kv.layers]}; a failed step? call kv.reset()")
         for layer, layer_kv in zip(self.layers, kv.layers):      # fail before any cache moves
-            layer._check_decode(x_new, layer_kv)
+            layer.check_decode(x_new, layer_kv)
         x = x_new
         for layer, layer_kv in zip(self.layers, kv.layers):
             x = layer.decode(x, layer_kv)                         # x_l = Block_l(x_{l-1})   (B, n, D)
@@ -245,5 +248,5 @@ class TransformerStack(Module):
                 layer.rng.bit_generator.state = after
             dx = layer.backward(dx)
             if self.checkpoint:
-                layer._cache = None                                 # one block's activations at a time
+                layer.drop_cache()                                  # one block's activations at a time
         return dx

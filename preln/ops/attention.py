@@ -10,7 +10,9 @@ recurrence and never holds more than one (B, H, Tq, Tk) tile of scores; it is wh
 In training, :func:`flash_attention_train` keeps O and the log-sum-exp only, and
 :func:`flash_attention_backward` (FlashAttention-2, Dao 2023, arXiv 2307.08691) recomputes P tile
 by tile from them; dropout masks are redrawn per tile from a seed. :func:`attention_backward`
-takes either cache.
+takes either cache. The tile loop is written once: :func:`tiles` and :func:`tile_pairs` walk the
+tiles (skipping those the causal mask hides) and :func:`online_softmax_step` is the recurrence --
+the paged KV cache (preln.serve.paged) and the book's I/O counting and figures use the same two.
 
 Grouped-query attention (GQA, Ainslie et al. 2023, arXiv 2305.13245): k and v may have fewer heads
 than q, H_kv dividing H (H_kv = 1 is multi-query attention, Shazeer 2019, arXiv 1911.02150; H_kv = H
@@ -110,6 +112,52 @@ def mask_bias(key_padding_mask=None, causal=False, q_len=0, k_len=0, q0=0, k0=0)
         c = np.where(j > i, np.float32(-np.inf), np.float32(0))       # (Tq, Tk)
         bias = c if bias is None else bias + c                        # (B, 1, Tq, Tk)
     return bias
+
+
+def tiles(n, size):  # -> (t0, t1) per tile
+    """The tiles of range(n): (0, size), (size, 2 size), ..., the last one possibly shorter."""
+    for t0 in range(0, n, size):
+        yield t0, min(t0 + size, n)
+
+
+def key_end(i1, Sk, causal, q_offset=0):
+    """How many keys the query tile ending at row i1 can see: all Sk, or with ``causal`` the keys
+    up to its last query's position q_offset + i1 - 1 (every later key tile is masked: skipped)."""
+    return min(Sk, q_offset + i1) if causal else Sk
+
+
+def tile_pairs(Sq, Sk, q_tile, k_tile, causal=False, q_offset=0):  # -> (i0, i1, j0, j1) per tile
+    """Every (query tile, key tile) of the (Sq, Sk) scores that has a visible key, query tile by
+    query tile -- the order of the loops in FlashAttention-2."""
+    for i0, i1 in tiles(Sq, q_tile):
+        for j0, j1 in tiles(key_end(i1, Sk, causal, q_offset), k_tile):
+            yield i0, i1, j0, j1
+
+
+def online_softmax_step(m, l, acc, s, v, matmul=np.matmul, watch=no_watch, subtract_max=True,
+                        drop=None):  # -> m', l', acc'
+    """Fold one tile of scores s (..., Tq, Tk) and its values v (..., Tk, d) into the running row
+    max m and row sum l (..., Tq, 1) and the unnormalised output acc (..., Tq, d):
+
+        m' = max(m, rowmax(s));  P = exp(s - m');  l' = e^(m - m') l + rowsum(P);  acc' = e^(m - m') acc + P v
+
+    After the last tile, O = acc / l. A row that has seen no key yet (m' = -inf) gets P = 0 and
+    keeps l = 0. ``subtract_max=False`` (the naive policy) exponentiates the raw scores (m' = 0).
+    drop: the tile's dropout multiplier (keep-mask / (1 - p)), applied to P after the row sum, so
+    O = dropout(softmax(s)) v. matmul: the P v product (:func:`_gmm` for grouped heads).
+    """
+    if subtract_max:
+        m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
+        shift = np.where(np.isfinite(m_new), m_new, 0)              # no visible key yet: exp(-inf) = 0
+    else:
+        m_new = shift = np.zeros_like(m)
+    p = np.subtract(s, shift)
+    p = watch("exp", np.exp(p, out=p), s)                           # exp in place: one tile-sized array
+    alpha = np.exp(m - shift)                                       # rescales the tiles before; 0 at m = -inf
+    l = alpha * l + p.sum(axis=-1, keepdims=True)
+    if drop is not None:
+        p *= drop
+    return m_new, l, alpha * acc + matmul(p, v)
 
 
 class AttentionCache(NamedTuple):
@@ -229,30 +277,18 @@ def flash_attention_forward(q, k, v, key_padding_mask=None, causal=False, policy
     B, H, Sq, dh = q.shape
     Sk = k.shape[2]
     out = np.empty(q.shape, dtype=q.dtype)
-    for i0 in range(0, Sq, q_tile):
-        i1 = min(i0 + q_tile, Sq)
+    for i0, i1 in tiles(Sq, q_tile):
         qi = q[:, :, i0:i1]
         m = np.full((B, H, i1 - i0, 1), -np.inf, dtype=ct)           # running row max
         l = np.zeros((B, H, i1 - i0, 1), dtype=ct)                    # running row sum of exp
         o = np.zeros((B, H, i1 - i0, dh), dtype=ct)                   # running unnormalised output
-        k_end = min(Sk, q_offset + i1) if causal else Sk              # causal: later keys are all masked
-        for j0 in range(0, k_end, k_tile):
-            j1 = min(j0 + k_tile, k_end)
+        for j0, j1 in tiles(key_end(i1, Sk, causal, q_offset), k_tile):
             s = watch("scores", _scores(qi, k[:, :, j0:j1], policy, ct), qi, k)  # (B, H, Tq, Tk)
             bias = mask_bias(key_padding_mask, causal, i1 - i0, j1 - j0, q_offset + i0, j0)
             if bias is not None:
                 s += bias.astype(ct, copy=False)
-            if policy.subtract_max:
-                m_new = np.maximum(m, s.max(axis=-1, keepdims=True))  # (B, H, Tq, 1)
-                shift = np.where(np.isfinite(m_new), m_new, 0)        # no visible key yet: exp(-inf) = 0
-            else:
-                m_new = shift = np.zeros_like(m)                      # naive: exp of the raw logits
-            p = np.subtract(s, shift)                                 # (B, H, Tq, Tk)
-            p = watch("exp", np.exp(p, out=p), s)                     # exp in place: one tile-sized array
-            alpha = np.exp(m - shift)                                 # rescales the tiles before; 0 at m = -inf
-            l = alpha * l + p.sum(axis=-1, keepdims=True, dtype=ct)
-            o = alpha * o + _gmm(p, v[:, :, j0:j1].astype(ct, copy=False))
-            m = m_new
+            m, l, o = online_softmax_step(m, l, o, s, v[:, :, j0:j1].astype(ct, copy=False), _gmm,
+                                          watch, policy.subtract_max)
         out[:, :, i0:i1] = watch("normalize", o / np.where(l == 0, 1, l), o)  # fully masked: 0
     return out
 
@@ -286,17 +322,9 @@ def flash_dropout_mask(cache):  # -> (B, H, Sq, Sk) bool, the whole mask, for te
     B, H, Sq, _ = cache.q.shape
     Sk = cache.k.shape[2]
     mask = np.ones((B, H, Sq, Sk), bool)
-    for i0, i1, j0, j1 in _tiles(Sq, Sk, cache.q_tile, cache.k_tile, cache.causal):
+    for i0, i1, j0, j1 in tile_pairs(Sq, Sk, cache.q_tile, cache.k_tile, cache.causal):
         mask[:, :, i0:i1, j0:j1] = dropout_tile(cache.seed, cache.dropout_p, (B, H, i1 - i0, j1 - j0), i0, j0)
     return mask
-
-
-def _tiles(Sq, Sk, q_tile, k_tile, causal):  # -> (i0, i1, j0, j1) of every tile that can see a key
-    for i0 in range(0, Sq, q_tile):
-        i1 = min(i0 + q_tile, Sq)
-        k_end = min(Sk, i1) if causal else Sk                          # causal: later keys all masked
-        for j0 in range(0, k_end, k_tile):
-            yield i0, i1, j0, min(j0 + k_tile, k_end)
 
 
 def _check_tiling(dropout_p, q_tile, k_tile):
@@ -325,21 +353,15 @@ def flash_attention_train(q, k, v, key_padding_mask=None, causal=False, dropout_
     m = np.full((B, H, Sq, 1), -np.inf, dtype=ct)                     # running row max
     l = np.zeros((B, H, Sq, 1), dtype=ct)                              # running row sum of exp
     keep = ct.type(1.0 / (1.0 - dropout_p))
-    for i0, i1, j0, j1 in _tiles(Sq, Sk, q_tile, k_tile, causal):
+    for i0, i1, j0, j1 in tile_pairs(Sq, Sk, q_tile, k_tile, causal):
         s = _scores(q[:, :, i0:i1], k[:, :, j0:j1], policy, ct)         # (B, H, Tq, Tk)
         bias = mask_bias(key_padding_mask, causal, i1 - i0, j1 - j0, i0, j0)
         if bias is not None:
             s += bias.astype(ct, copy=False)
+        drop = dropout_tile(seed, dropout_p, s.shape, i0, j0) * keep if dropout_p > 0 else None
         mi, li, oi = m[:, :, i0:i1], l[:, :, i0:i1], out[:, :, i0:i1]  # views: updated in place
-        m_new = np.maximum(mi, s.max(axis=-1, keepdims=True))          # m' = max(m, rowmax(S_j))
-        shift = np.where(np.isfinite(m_new), m_new, 0)                 # no visible key yet: exp(-inf) = 0
-        p = np.exp(s - shift)                                          # P_j = exp(S_j - m')
-        alpha = np.exp(mi - shift)                                     # e^(m - m'); 0 at m = -inf
-        li[...] = alpha * li + p.sum(axis=-1, keepdims=True)           # l' = e^(m - m') l + rowsum(P_j)
-        if dropout_p > 0:
-            p *= dropout_tile(seed, dropout_p, p.shape, i0, j0) * keep  # dropout on the tile
-        oi[...] = alpha * oi + _gmm(p, v[:, :, j0:j1].astype(ct, copy=False))  # O' = e^(m-m') O + P_j V_j
-        mi[...] = m_new
+        mi[...], li[...], oi[...] = online_softmax_step(mi, li, oi, s, v[:, :, j0:j1].astype(ct, copy=False),
+                                                        _gmm, drop=drop)
     seen = l > 0
     out /= np.where(seen, l, 1)                                        # fully masked rows: 0
     with np.errstate(divide="ignore"):
@@ -399,7 +421,7 @@ def flash_attention_backward(dout, cache, out=None):  # (B, H, S, d_h) -> dq, dk
     dq = np.zeros(q.shape, ct)
     dk, dv = np.zeros(k.shape, ct), np.zeros(v.shape, ct)
     d = np.sum(doc * o, axis=-1, keepdims=True)                        # D = rowsum(dO * O)   (B, H, S, 1)
-    for i0, i1, j0, j1 in _tiles(Sq, Sk, q_tile, k_tile, causal):
+    for i0, i1, j0, j1 in tile_pairs(Sq, Sk, q_tile, k_tile, causal):
         s = _scores(qc[:, :, i0:i1], kc[:, :, j0:j1], policy, ct)       # S_ij   (B, H, Tq, Tk)
         bias = mask_bias(kpm, causal, i1 - i0, j1 - j0, i0, j0)
         if bias is not None:

@@ -204,6 +204,12 @@ class ParallelBlock:
         self._cache = self.block.cache
         return y
 
+    def drop_cache(self):
+        """Forget the last forward's cache (here and in the rank's block). Returns self."""
+        self._cache = None
+        self.block.drop_cache()
+        return self
+
     def backward(self, dy):  # -> dL/dx in x's layout; adds into grads
         if self._cache is None:
             raise RuntimeError("backward: expected a forward first")

@@ -65,7 +65,7 @@ def awq(w, x, bits=4, group_size=None, symmetric=False, n_grid=20, output=None):
     output: the function whose error the search minimises, output(w_eff) for an effective weight
     w_eff = Q(W diag(s)) / s (so that x w_eff^T = (x / s) Q(W diag(s))^T); None: the layer's own
     output x w_eff^T. The authors judge the q, k, v projection by the output of the whole attention
-    it feeds (llm-awq: module2inspect=self_attn), which :func:`preln.quant.weight_only.quantize_weights`
+    it feeds (llm-awq: module2inspect=self_attn), which :func:`preln.quant.weight_only.quantize_model`
     passes here.
     """
     w = check_weight(w)

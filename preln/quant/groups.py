@@ -3,7 +3,7 @@
     from preln.quant import groups as gq
     g = gq.rtn(w, bits=4, group_size=32)             # round to nearest; w (M, K), out x in
     w_hat = g.dequantize()                            # (M, K)
-    qlm = gq.quantize_weights(lm, "gptq", bits=4, group_size=16, calib=tokens)   # or "rtn", "awq"
+    qlm = quantize_model(lm, "gptq", bits=4, group_size=16, calib=tokens)   # preln.quant.weight_only
     perplexity(qlm, val_ids)
 
 The grid. For a weight W (M, K) (out, in, as a Linear stores it) and a group size g dividing K,
@@ -20,7 +20,7 @@ Storage (:meth:`GroupQuant.nbytes`): b bits per weight -- 4-bit codes are packed
 :func:`pack_int4` -- plus a float16 scale and a b-bit zero point per group, so 4-bit with groups
 of 128 costs 4 + 20/128 ~ 4.16 bits per weight.
 
-Three methods choose the integers (:func:`quantize_weights`):
+Three methods choose the integers (:func:`preln.quant.weight_only.quantize_model`):
 
 ``"rtn"``
     round to nearest, each weight on its own.

@@ -64,7 +64,7 @@ from preln.nn.stack import TransformerStack
 __all__ = ["QTensor", "qmax", "quantize", "dequantize", "int_matmul", "accumulate", "int32_max_terms",
            "CALIBRATIONS", "calibrate_scale", "linear_inputs",
            "SCHEMES", "LINEARS", "quantize_block", "QuantizedBlock", "QuantizedStack", "QuantizedLM",
-           "block_forward", "inject_outliers", "FP8_E4M3_MAX"]
+           "block_forward", "inject_outliers", "FP8_E4M3_MAX", "SCHEME_OPTIONS"]
 
 INT32_MAX = 2 ** 31 - 1
 FP8_E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
@@ -79,6 +79,9 @@ CALIBRATIONS = ("absmax", "percentile", "mse")
 _OPTIONS = {"w8a16": {}, "w8a8-tensor": {"calibration": "absmax"}, "w8a8": {},
             "llm.int8": {"threshold": 6.0, "fp16_weights": True},
             "smoothquant": {"alpha": 0.5, "granularity": "token"}, "fp8-e4m3": {}}
+#: each scheme's options and their defaults (quantize_block's **options): LLM.int8's outlier
+#: threshold, SmoothQuant's migration strength alpha, ...
+SCHEME_OPTIONS = _OPTIONS
 
 
 # ---- one tensor ----------------------------------------------------------------------------------

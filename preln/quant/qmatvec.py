@@ -25,7 +25,7 @@ The 4-bit kernel takes the high nibble as ``b & 0xF0`` scaled by 1/16 after the 
 (``b >> 4``) makes numba widen the byte to 64 bits, which AVX2 cannot convert to float in one
 vector instruction, and the loop runs several times slower.
 
-The decode layout, :class:`TiledQuant` (what :mod:`preln.gguf.quant` multiplies by): the kernels
+The decode layout, :class:`TiledQuant` (what :class:`preln.quant.weight_only.QuantLinear` multiplies by): the kernels
 above walk one row at a time, and with groups of 32 a row's group is 16 bytes -- too short for a
 vector loop, so the compiler falls back to scalar code and a horizontal sum per group. A
 ``TiledQuant`` stores the rows in tiles of :data:`TILE_ROWS`: byte ``codes[t, k, r]`` belongs to row

@@ -46,6 +46,7 @@ from preln.models.lm import TinyLM, sample_next
 from preln.nn.base import block_equations
 from preln.nn.block import LINEAR_PARAMS, Reference
 from preln.ops import layer_norm_forward, linear_forward
+from preln.ops.attention import online_softmax_step, tiles
 from preln.precision import resolve_dtype
 from preln.validation import check_token_ids, index_in, nonnegative_float, nonnegative_int, positive_int
 
@@ -179,9 +180,10 @@ def paged_attention(q, cache, layer, seq, q_start):  # (H, n, d_h) -> (H, n, d_h
     """Causal attention of n queries at positions q_start .. q_start + n - 1 of ``seq`` over its
     positions 0 .. q_start + n - 1, read block by block through its block table.
 
-    The online softmax: for each block, z = q k_b^T / sqrt(d_h) with later positions masked;
-    m' = max(m, rowmax z); l = e^(m - m') l + rowsum e^(z - m'); A = e^(m - m') A + e^(z - m') v_b;
-    at the end O = A / l. Query head h reads KV head h // (H / n_kv).
+    The online softmax (:func:`preln.ops.attention.online_softmax_step`), one block a key tile:
+    z = q k_b^T / sqrt(d_h) with later positions masked; m' = max(m, rowmax z);
+    l = e^(m - m') l + rowsum e^(z - m'); A = e^(m - m') A + e^(z - m') v_b; at the end O = A / l.
+    Query head h reads KV head h // (H / n_kv).
     """
     H, n, dh = q.shape
     n_kv, bs = cache.n_kv_heads, cache.block_size
@@ -196,24 +198,18 @@ def paged_attention(q, cache, layer, seq, q_start):  # (H, n, d_h) -> (H, n, d_h
                          f"got {q_start} + {n}")
     g = H // n_kv
     end = q_start + n                                                # positions < end are visible
-    table = cache.tables[seq][: -(-end // bs)]
     qg = q.reshape(n_kv, g * n, dh) / np.sqrt(dh)                  # (n_kv, g n, d_h): heads kv*g + j
     q_pos = q_start + np.tile(np.arange(n), g)                      # (g n,) each row's position
-    m = np.full((n_kv, g * n), -np.inf)
-    l = np.zeros((n_kv, g * n))
+    m = np.full((n_kv, g * n, 1), -np.inf)
+    l = np.zeros((n_kv, g * n, 1))
     acc = np.zeros((n_kv, g * n, dh))
-    for i, block in enumerate(table):
+    for (j0, _), block in zip(tiles(end, bs), cache.tables[seq]):   # one key tile per block
         kb, vb = cache.k[layer, block], cache.v[layer, block]      # (n_kv, bs, d_h), in place
-        k_pos = i * bs + np.arange(bs)                               # (bs,)
+        k_pos = j0 + np.arange(bs)                                   # (bs,)
         z = qg @ kb.transpose(0, 2, 1)                               # (n_kv, g n, bs)
         z = np.where(k_pos[None, None, :] <= q_pos[None, :, None], z, -np.inf)   # causal
-        m_new = np.maximum(m, z.max(axis=-1))                        # finite: key 0 is in block 0
-        p = np.exp(z - m_new[..., None])
-        alpha = np.exp(m - m_new)                                    # rescales the blocks before
-        l = alpha * l + p.sum(axis=-1)
-        acc = alpha[..., None] * acc + p @ vb
-        m = m_new
-    return (acc / l[..., None]).reshape(H, n, dh).astype(q.dtype, copy=False)
+        m, l, acc = online_softmax_step(m, l, acc, z, vb)
+    return (acc / l).reshape(H, n, dh).astype(q.dtype, copy=False)
 
 
 def _block_step(block, layer, x, cache, spans):  # (N, D) -> (N, D)

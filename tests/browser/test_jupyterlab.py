@@ -55,7 +55,7 @@ def _plot(scale, side):
 
 
 def _notebook(path: Path) -> str:
-    ex = explorable(_plot, {"scale": control("slope", [0.5, 1.0, 2.0]),
+    ex = explorable(_plot, {"scale": control("slope", [0.5, 1.0, 2.0, 4.0]),
                             "side": control("centre", ["left", "centre"])},
                     alt=lambda scale, side: f"A tanh curve of slope {scale:g}, centred {side}.",
                     initial={"scale": 1.0}, title="A tanh curve")
@@ -132,7 +132,7 @@ SHOWN_JS = """(selector) => {
   const shown = el => !!el && el.getClientRects().length > 0 && getComputedStyle(el).visibility !== 'hidden';
   const img = fig.querySelector('img.preln-explorable-frame');
   const note = fig.querySelector('.preln-explorable-note');
-  const controls = [...fig.querySelectorAll('select, .preln-slider')];
+  const controls = [...fig.querySelectorAll('select, .preln-slider, .preln-segmented')];
   return {scripts: fig.querySelectorAll('script').length, styled: getComputedStyle(fig).marginTop,
           img: shown(img) && img.naturalWidth > 0, alt: img ? img.alt : null,
           note: shown(note) ? note.textContent : null,
@@ -167,7 +167,7 @@ def test_trusted_explorable_shows_its_controls(browser, lab):
     context, got = _open(browser, lab, "trusted.ipynb")
     try:
         assert got["note"] is None, f"the script should have removed the note: {got}"
-        assert [c["tag"] for c in got["controls"] if c["shown"] and c["width"] > 0] == ["span", "select"], got
+        assert [c["tag"] for c in got["controls"] if c["shown"] and c["width"] > 0] == ["span", "span"], got
     finally:
         context.close()
 

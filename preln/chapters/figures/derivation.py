@@ -33,6 +33,7 @@ from matplotlib.patches import Rectangle
 from preln.nb import set_alt, short_alt, sig
 from preln.ops import (activation_forward, attention_forward, layer_norm_forward, linear_forward,
                    merge_heads, softmax, split_heads)
+from preln.ops.attention import key_end, online_softmax_step, tiles
 from preln.chapters.viz import PALETTE, control, legend_outside, table_caption, tex_number
 
 __all__ = [
@@ -525,27 +526,18 @@ def online_softmax_trace(q, k, v, q_tile, k_tile, causal=False):
     tau = 1.0 / np.sqrt(dh)
     out = np.empty_like(q)
     trace = []
-    for i0 in range(0, S, q_tile):
-        rows = slice(i0, min(i0 + q_tile, S))
-        m = np.full(rows.stop - i0, -np.inf)
-        l = np.zeros(rows.stop - i0)
-        o = np.zeros((rows.stop - i0, dh))
-        k_end = min(S, rows.stop) if causal else S        # causal: tiles right of the diagonal hold no visible key
-        for j0 in range(0, k_end, k_tile):
-            cols = slice(j0, min(j0 + k_tile, k_end))
+    for i0, i1 in tiles(S, q_tile):
+        rows = slice(i0, i1)
+        m, l = np.full((i1 - i0, 1), -np.inf), np.zeros((i1 - i0, 1))
+        o = np.zeros((i1 - i0, dh))
+        for j0, j1 in tiles(key_end(i1, S, causal), k_tile):   # causal: tiles right of the diagonal hold no visible key
+            cols = slice(j0, j1)
             z = tau * q[rows] @ k[cols].T                            # (Tq, Tk)
             if causal:
-                z = np.where(np.arange(cols.start, cols.stop)[None, :] >
-                             np.arange(rows.start, rows.stop)[:, None], -np.inf, z)
-            m_new = np.maximum(m, z.max(axis=1))
-            shift = np.where(np.isfinite(m_new), m_new, 0.0)
-            p = np.exp(z - shift[:, None])
-            alpha = np.exp(m - shift)
-            l = alpha * l + p.sum(axis=1)
-            o = alpha[:, None] * o + p @ v[cols]
-            m = m_new
-            trace.append({"rows": rows, "cols": cols, "m": m.copy(), "l": l.copy(), "o": o.copy()})
-        out[rows] = o / np.where(l == 0, 1.0, l)[:, None]
+                z = np.where(np.arange(j0, j1)[None, :] > np.arange(i0, i1)[:, None], -np.inf, z)
+            m, l, o = online_softmax_step(m, l, o, z, v[cols])
+            trace.append({"rows": rows, "cols": cols, "m": m[:, 0].copy(), "l": l[:, 0].copy(), "o": o.copy()})
+        out[rows] = o / np.where(l == 0, 1.0, l)
     return out, trace
 
 
