@@ -133,8 +133,8 @@ class WeightOnlyLlamaBlock(LlamaBlock):
         new.__class__ = cls
         new.dtype = np.dtype(np.float32)
         new.params = {k: v.astype(np.float32) for k, v in block.params.items() if k.endswith("layernorm.weight")}
-        new.grads, new._cache, new.linears = {}, None, dict(linears)
-        return new.eval()
+        new.grads, new.linears = {}, dict(linears)
+        return new.drop_cache().eval()      # the copy forgets the float block's last forward
 
     def fuses(self):
         return True                         # float32, safe policy: the fused kernels always apply
