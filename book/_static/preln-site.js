@@ -302,7 +302,11 @@
     var links = document.querySelectorAll("a[data-preln-dark-href]");
     for (var i = 0; i < links.length; i++) {
       var a = links[i];
-      if (!a.hasAttribute("data-preln-light-href")) a.setAttribute("data-preln-light-href", a.getAttribute("href"));
+      // a link without an href (the PDF's builder takes the image links out) is left alone
+      if (!a.hasAttribute("data-preln-light-href")) {
+        if (!a.hasAttribute("href")) continue;
+        a.setAttribute("data-preln-light-href", a.getAttribute("href"));
+      }
       a.setAttribute("href", a.getAttribute(dark ? "data-preln-dark-href" : "data-preln-light-href"));
     }
   }
