@@ -44,7 +44,7 @@ BUILD  := $(BIN)/jupyter-book build --all -W -n --keep-going .
 # many cores a machine has, and the tiled attention's many small matmuls do not wait on idle threads.
 ONE_THREAD := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
-.PHONY: install book test test-unit test-notebooks test-notebooks-busy test-learner test-site lab notebooks bench vendor clean \
+.PHONY: install book test test-unit test-notebooks test-notebooks-busy test-learner test-learner-and-course test-site lab notebooks bench vendor clean \
         install-course assignments grade mutation test-course bench-grading pdf page-weight test-pythons
 
 $(STAMP): requirements.txt pyproject.toml
@@ -67,6 +67,12 @@ book: install
 	@echo "or serve it: $(BIN)/python -m http.server -d _build/html"
 
 test: test-unit test-notebooks test-learner test-course test-site
+
+# test-course waits on its sandboxes and time limits most of its run (about a third of one core's
+# time, measured), test-learner keeps both cores busy for a third as long: run side by side, each
+# one's output printed whole when it ends
+test-learner-and-course:
+	@$(MAKE) --no-print-directory -j2 --output-sync=target test-learner test-course
 
 # two pytest workers (pytest-xdist): the suite is independent tests, one BLAS thread each, run in a
 # random order (tests/random_order.py) whose seed is printed; `make test-unit UNIT_ORDER=<seed>`

@@ -289,6 +289,9 @@ def check_submission(data, source_nb):
 # ---- what may not change ---------------------------------------------------------------------
 SKIP_DIRS = {"_build", "__pycache__", ".pytest_cache", ".hypothesis", ".ipynb_checkpoints", "node_modules",
              ".jupyter_cache"}
+#: ... and the metadata pip writes beside the checkout when it installs it editable (a Binder-like
+#: venv of `make test-learner`, which runs beside the course tests): no sandbox sees the checkout
+SKIP_SUFFIXES = (".egg-info",)
 
 
 def _hash(path):
@@ -326,7 +329,7 @@ def manifest(roots, stat_only=(), exclude=()):
                 if stat.S_ISLNK(st.st_mode):
                     out[e.path] = ("link", os.readlink(e.path))
                 elif stat.S_ISDIR(st.st_mode):
-                    if e.name not in SKIP_DIRS:
+                    if e.name not in SKIP_DIRS and not e.name.endswith(SKIP_SUFFIXES):
                         walk(e.path, quick or (e.path + os.sep).startswith(quick_roots))
                 elif not stat.S_ISREG(st.st_mode):
                     out[e.path] = ("special", stat.S_IFMT(st.st_mode), st.st_ino)
