@@ -66,7 +66,7 @@ book: install
 	@echo "The site is in $(CURDIR)/_build/html — open file://$(CURDIR)/_build/html/index.html"
 	@echo "or serve it: $(BIN)/python -m http.server -d _build/html"
 
-test: test-unit test-notebooks test-learner test-course test-site
+test: test-unit test-notebooks test-learner-and-course test-site
 
 # test-course waits on its sandboxes and time limits most of its run (about a third of one core's
 # time, measured), test-learner keeps both cores busy for a third as long: run side by side, each
