@@ -412,4 +412,8 @@ def test_learner_stage_runs_every_chapter_and_an_assignment():
                                                    "notebook"}
     makefile = (ROOT / "Makefile").read_text()
     test_line = next(ln for ln in makefile.splitlines() if ln.startswith("test:"))
-    assert "test-learner" in test_line.split()
+    stages = test_line.split()[1:]
+    if "test-learner-and-course" in stages:        # side by side with the course tests
+        recipe = makefile.split("\ntest-learner-and-course:", 1)[1].split("\n\n", 1)[0]
+        stages += recipe.split()
+    assert "test-learner" in stages and "test-course" in stages, test_line
