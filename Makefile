@@ -123,8 +123,8 @@ test-python-%:
 NB_KERNELS ?= default Haswell SkylakeX Prescott
 NB_PARTS ?= 2
 CORETYPE = $(if $(filter default,$(1)),env -u OPENBLAS_CORETYPE,env OPENBLAS_CORETYPE=$(1))
-# part $(2) of $(NB_PARTS) of the notebooks: every NB_PARTS-th one, from the $(2)-th
-NB_PART = $(foreach n,$(shell seq $(2) $(NB_PARTS) $(words $(NOTEBOOKS))),$(word $(n),$(NOTEBOOKS)))
+# part $(1) of $(NB_PARTS) of the notebooks: every NB_PARTS-th one, from the $(1)-th
+NB_PART = $(foreach n,$(shell seq $(1) $(NB_PARTS) $(words $(NOTEBOOKS))),$(word $(n),$(NOTEBOOKS)))
 
 test-notebooks: install
 ifeq ($(strip $(NOTEBOOKS)),)
@@ -156,7 +156,7 @@ KERNEL_NAMES = $(call CORETYPE,$(1)) $(BIN)/python -c \
 nbval-kernel-%: install
 	@mkdir -p _build/nbval
 	@kernel="$(word 1,$(subst @, ,$*))"; part="$(or $(word 2,$(subst @, ,$*)),all)"; \
-	nbs="$(if $(word 2,$(subst @, ,$*)),$(call NB_PART,,$(word 2,$(subst @, ,$*))),$(NOTEBOOKS))"; \
+	nbs="$(if $(word 2,$(subst @, ,$*)),$(call NB_PART,$(word 2,$(subst @, ,$*))),$(NOTEBOOKS))"; \
 	log=_build/nbval/$$kernel.$$part.log; result=_build/nbval/$$kernel.$$part.result; \
 	if [ -n "$(filter $(word 1,$(subst @, ,$*)),$(AVX512_KERNELS))" ] && [ "$(HAVE_AVX512)" != yes ]; then \
 	  echo "== nbval, OpenBLAS kernel: $$kernel NOT RUN: this CPU has no AVX-512, so $$kernel's kernels cannot execute here"; \

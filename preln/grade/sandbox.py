@@ -334,10 +334,9 @@ class ViewGate:
                 state = json.loads(os.read(fd, 1 << 20) or b"{}")
             except ValueError:
                 state = {}
-            alive = lambda e: _process_id(e[0]) == e[:2]                      # noqa: E731
-            state = {"view": state.get("view"),
-                     "holders": [e for e in state.get("holders", []) if alive(e)],
-                     "queue": [e for e in state.get("queue", []) if alive(e)]}
+            # entries are [pid, start time, view]: a dead process's (a killed worker's) are dropped
+            live = {k: [e for e in state.get(k, []) if _process_id(e[0]) == e[:2]] for k in ("holders", "queue")}
+            state = {"view": state.get("view"), **live}
             if not state["holders"]:
                 state["view"] = None
             out = change(state)
