@@ -28,17 +28,23 @@ strings, and floats where the question says "bit for bit"), :class:`raises`, :cl
 (a predicate of the returned value), :class:`unchanged` and :class:`arg_after` (the arguments after
 the call; need :func:`call`). Every failure message names the input (``what`` of :func:`check`)
 and the property checked, never the expected value. Conventions: assignments/CONVENTIONS.md.
+
+This module imports nothing but the standard library and numpy: the grader's sandbox runs the
+recorded calls under :func:`running` from a copy of it (preln/grade/autograde.py, LIB_FILES).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import numbers
+import sys
+import tracemalloc
 import warnings
 
 import numpy as np
 
-__all__ = ["check", "call", "call_strict", "close", "equal", "raises", "satisfies", "unchanged",
+__all__ = ["check", "call", "call_strict", "call_within", "close", "equal", "raises", "satisfies", "unchanged",
            "arg_after", "returns", "code", "no_credit_for", "grading_view", "requirement", "in_place_of",
            "diagnose", "Outcome", "Call", "Expectation"]
 
@@ -46,6 +52,18 @@ __all__ = ["check", "call", "call_strict", "close", "equal", "raises", "satisfie
 _PLAN = None
 #: in the instructor's kernel: the requirement the checks that follow belong to (for the message)
 _REQUIREMENT = None
+
+
+@contextlib.contextmanager
+def collecting(collector):
+    """While the block runs, the checks and calls of this module go to ``collector`` (the grader's
+    plan of a hidden region, preln/grade/checks.py) instead of running; the previous one after."""
+    global _PLAN
+    previous, _PLAN = _PLAN, collector
+    try:
+        yield
+    finally:
+        _PLAN = previous
 
 
 # ---- what a call produced --------------------------------------------------------------------
@@ -113,19 +131,92 @@ def call_strict(fn, *args, **kwargs):
     return _call(fn, args, kwargs, errstate=dict(STRICT_FP))
 
 
+def call_within(limits, fn, *args, **kwargs):
+    """Like :func:`call`, within ``limits``, a dict of counts (not clocks: the same on a busy
+    machine as on a quiet one): ``"lines"``, the lines of Python the call may run (numpy's own
+    Python code included; a Python loop over the data exceeds it), and ``"bytes"``, the peak of the
+    memory it may allocate (tracemalloc, which sees numpy's arrays). Beyond, the call raises
+    :class:`LimitExceeded`, whose message says which and by how much."""
+    if not isinstance(limits, dict) or not limits or set(limits) - {"lines", "bytes"} or not all(
+            isinstance(v, int) and v > 0 for v in limits.values()):
+        raise TypeError(f"limits: expected a dict of positive ints under 'lines' and/or 'bytes'; got {limits!r}")
+    return _call(fn, args, kwargs, errstate=dict(limits))
+
+
+class LimitExceeded(Exception):
+    """Raised in a call of :func:`call_within` that goes beyond one of its limits."""
+
+
+@contextlib.contextmanager
+def running(options):
+    """The state a recorded call runs in: ``options`` (None, or a call's ``errstate``) holds numpy's
+    error state (:func:`call_strict`) and the limits of :func:`call_within`. Used here, by the
+    grader's in-process runs (preln/grade/checks.py) and in its sandbox (sandbox_lib/grader_capture.py)."""
+    options = dict(options or {})
+    lines, nbytes = options.pop("lines", None), options.pop("bytes", None)
+    with np.errstate(**options) if options else contextlib.nullcontext(), \
+            _line_budget(lines), _memory_budget(nbytes):
+        yield
+
+
+@contextlib.contextmanager
+def _line_budget(budget):
+    if budget is None:
+        yield
+        return
+    count = 0
+    message = (f"it ran more than {budget} lines of Python on this input: a loop in Python over the "
+               "data (vectorise it with numpy)")
+
+    def trace(frame, event, arg):
+        nonlocal count
+        count += event == "line"
+        if count > budget:
+            raise LimitExceeded(message)               # in the answer's frame; the tracer stops
+        return trace
+
+    previous = sys.gettrace()
+    sys.settrace(trace)
+    try:
+        yield
+        counted = sys.gettrace() is trace              # else the answer turned the count off
+    finally:
+        sys.settrace(previous)
+    if count > budget or not counted:                  # an answer that caught it is over all the same
+        raise LimitExceeded(message)
+
+
+@contextlib.contextmanager
+def _memory_budget(budget):
+    if budget is None:
+        yield
+        return
+    started = not tracemalloc.is_tracing()
+    if started:
+        tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        yield
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        if started:
+            tracemalloc.stop()
+    if peak > budget:
+        raise LimitExceeded(f"its arrays took {peak:,} bytes at their peak on this input, more than "
+                            f"the {budget:,} allowed")
+
+
 def _call(fn, args, kwargs, errstate):
     if _is_stand_in(fn):
-        return fn._record(args, kwargs, keep_args=True, errstate=errstate)
+        return fn.record(args, kwargs, keep_args=True, errstate=errstate)
     if not callable(fn):
         raise TypeError(f"fn: expected the function to call; got {type(fn).__name__}")
     before = copy.deepcopy((args, kwargs))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            if errstate:
-                with np.errstate(**errstate):
-                    value = fn(*args, **kwargs)
-            else:
+            with running(errstate):
                 value = fn(*args, **kwargs)
         except Exception as e:                              # noqa: BLE001: the outcome of the call
             return Outcome("raised", exc_type=type(e).__name__, message=_first_line(e),

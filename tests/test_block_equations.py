@@ -186,10 +186,10 @@ def test_one_attention_core_and_the_quantised_block_swaps_only_its_linears():
     for cls in (MultiheadAttention, GroupedQueryAttention):
         src = inspect.getsource(cls.__call__)
         assert "sdpa(" in src and not any(k in src for k in kernels), cls.__name__
-    # the quantised Llama (its block, model and linear); weight_only's TinyLM part still has AWQ's
-    # attention-output objective of its own (_attention_output)
-    for part in (tensor, gq.WeightOnlyLlamaBlock, gq.WeightOnlyLlama, gq.QuantLinear):
+    # weight-only quantisation (both families' blocks and models, its linear, AWQ's objective)
+    for part in (tensor, gq):
         src = inspect.getsource(part)
         assert not any(k in src for k in kernels + ("sdpa(", "split_heads(")), part.__name__
-    own = set(vars(gq.WeightOnlyLlamaBlock))
-    assert "linear" in own and not own & {"forward", "sublayers", "decode"}
+    for cls in (gq.WeightOnlyLlamaBlock, gq.WeightOnlyBlock):     # what weight_only's classes add
+        own = {k for c in cls.__mro__ if c.__module__ == gq.__name__ for k in vars(c)}
+        assert "linear" in own and not own & {"forward", "sublayers", "decode"}, cls.__name__

@@ -104,6 +104,50 @@ def test_unchanged_and_arg_after_need_the_arguments():
           arg_after(0, satisfies(lambda g, n: g.random() == n, "one draw", nxt)))
 
 
+def test_call_within_counts_lines_and_bytes_not_time():
+    """call_within's limits are counts: a Python loop over the data runs more lines than a vectorised
+    answer, one that catches the exception or turns the count off is over all the same, and an array
+    larger than the byte limit is over it; within the limits the value comes back."""
+    lines, nbytes = 500, 400_000                     # the 10,000 floats below take 80,000 bytes
+    x = np.arange(10_000.0)
+
+    def vectorised(v):
+        return float((v * 2).sum())
+
+    def loop(v):
+        return sum(float(e) for e in v)
+
+    def swallows(v):
+        s = 0.0
+        for e in v:
+            try:
+                s += float(e)
+            except Exception:                        # noqa: BLE001: the answer hides the limit
+                pass
+        return s
+
+    def untraced(v):
+        sys.settrace(None)
+        return loop(v)
+
+    def hog(v):
+        return float(np.repeat(v, 8).sum())           # 640,000 bytes at once
+
+    tracer = sys.gettrace()                           # a coverage run's, or None
+    ok = api.call_within({"lines": lines, "bytes": nbytes}, vectorised, x)
+    assert ok.kind == "value" and ok.value == 2 * x.sum()
+    for fn in (loop, swallows, untraced):
+        out = api.call_within({"lines": lines}, fn, x)
+        assert out.kind == "raised" and out.exc_type == "LimitExceeded" and f"more than {lines} lines" in out.message
+    out = api.call_within({"bytes": nbytes}, hog, x)
+    assert out.kind == "raised" and "at their peak" in out.message, out.message
+    assert api.call_within({"lines": lines}, hog, x).kind == "value"
+    assert sys.gettrace() is tracer                   # restored after every call
+    for bad in ({}, {"lines": 0}, {"seconds": 3}, [("lines", 5)]):
+        with pytest.raises(TypeError, match="limits"):
+            api.call_within(bad, vectorised, x)
+
+
 def test_code_is_a_function_that_keeps_its_source():
     f = code("lambda v: bool(v[0] >= c)", c=2.0)
     assert f(np.array([3.0])) and not f(np.array([1.0]))
@@ -632,7 +676,7 @@ def test_an_earlier_answer_is_the_reference_while_a_later_question_is_graded(tmp
     ''')
     qp = checks.QuestionPlan("q2", 1, ["quad"], 0)
     ns = {"np": np, "quad": checks.Answer("quad", qp)}
-    with checks._collecting(qp):
+    with api.collecting(qp):
         exec(src, ns)                                                   # noqa: S102: the test's own code
     qp.finish()
     plan = type("P", (), {"questions": {"q2": qp}})()
@@ -691,6 +735,19 @@ def test_the_references_put_in_place_of_earlier_answers_agree_with_the_package()
         ys = [x[:-1] for x in xs]                                   # a size P does not divide: padded
         ring = run_simulated(P, lambda comm, ys: comm.all_reduce(ys[comm.rank]), ys)
         assert all(np.array_equal(a, b) and a.shape == b.shape for a, b in zip(R.RING_ALL_REDUCE(ys), ring))
+    from preln import TransformerBlock
+    for config in ({}, {"dropout": 0.3, "causal": True, "activation": "relu"}):
+        cfg = BlockConfig(d_model=12, n_heads=3, d_ff=20, **config)
+        blk = TransformerBlock(cfg, dtype=np.float64, seed=5, attention="plain", fused=False)
+        blk(rng.standard_normal((2, 5, 12)), rng.random((2, 5)) < 0.3)
+        _, attn, _, mlp = blk.sublayers()
+        for ref, branch, c in ((R.ATTN_BRANCH_BACKWARD, attn, blk.cache.attn), (R.MLP_BRANCH_BACKWARD, mlp, blk.cache.mlp)):
+            d = rng.standard_normal((2, 5, 12))
+            blk.zero_grad()
+            want = branch.backward(d, c)              # adds the branch's 4 gradients into blk.grads
+            got, grads = ref(d, c, cfg)
+            assert np.allclose(got, want, rtol=same, atol=same) and len(grads) == 4, config
+            assert all(np.allclose(g, blk.grads[k], rtol=same, atol=same) for k, g in grads.items()), config
 
 
 def test_formgraders_pages_show_student_markdown_inert():

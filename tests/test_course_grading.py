@@ -284,6 +284,9 @@ SLIP_WORDS = {
     ("tara", "inference"): ("NOT MET: garbage past the length (2 points)", "must not be read"),
     ("ivo", "many_devices"): ("NOT MET: inputs unchanged (1 point)", "argument `xs` was written in place"),
     ("cora", "real_model"): ("NOT MET: constant groups (1 point)", "the prompt sets S = 1 there"),
+    ("nils", "derivation_block"): ("NOT MET: dropout (2 points)", "each dropout undone with its mask"),
+    ("lars", "real_model"): ("NOT MET: vectorised (1 point)", "a loop in Python over the data"),
+    ("remy", "real_model"): ("NOT MET: no weight matrix (1 point)", "bytes at their peak on this input"),
 }
 
 

@@ -1109,6 +1109,17 @@ REAL_WRONG = {
     return raw[:2].view(np.float16)[0].astype(np.float32) * raw[2:34].view(np.int8).astype(np.float32)""",
     },
     "q2": {
+        "a Python loop over the rows": """def q4_1_blocks(raw):
+    rows, nbytes = raw.shape
+    if nbytes % 20:
+        raise ValueError(f"raw: {nbytes} bytes a row")
+    out = np.empty((rows, nbytes // 20 * 32), np.float32)
+    for r in range(rows):
+        b = raw[r].reshape(-1, 20)
+        d = b[:, 0:2].copy().view(np.float16).astype(np.float32)
+        m = b[:, 2:4].copy().view(np.float16).astype(np.float32)
+        out[r] = (d * np.concatenate([b[:, 4:] & 15, b[:, 4:] >> 4], axis=-1).astype(np.float32) + m).ravel()
+    return out""",
         "high nibble first": """def q4_1_blocks(raw):
     rows, nbytes = raw.shape
     if nbytes % 20:
@@ -1257,6 +1268,30 @@ def to_interleaved(w, n_heads):
         w_hat = S * q + lo
     return q.reshape(M, K).astype(np.int64), w_hat.reshape(M, K).astype(np.float64)""",
     },
+    "q5": {
+        "without the minima's term": """def q4_1_matvec(raw, x):
+    rows, nbytes = raw.shape
+    b = raw.reshape(rows, nbytes // 20, 20)
+    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float64)
+    xb = x.astype(np.float64).reshape(-1, 32)
+    dots = np.einsum("rbj,bj->rb", b[..., 4:] & 15, xb[:, :16]) + np.einsum("rbj,bj->rb", b[..., 4:] >> 4, xb[:, 16:])
+    return (d * dots).sum(axis=1)""",
+        "low and high nibbles swapped": """def q4_1_matvec(raw, x):
+    rows, nbytes = raw.shape
+    b = raw.reshape(rows, nbytes // 20, 20)
+    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float64)
+    m = b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+    xb = x.astype(np.float64).reshape(-1, 32)
+    dots = np.einsum("rbj,bj->rb", b[..., 4:] >> 4, xb[:, :16]) + np.einsum("rbj,bj->rb", b[..., 4:] & 15, xb[:, 16:])
+    return (d * dots).sum(axis=1) + m @ xb.sum(axis=1)""",
+        "the dequantised matrix, then @": """def q4_1_matvec(raw, x):
+    rows, nbytes = raw.shape
+    b = raw.reshape(rows, nbytes // 20, 20)
+    d = b[..., 0:2].copy().view(np.float16).astype(np.float64)
+    m = b[..., 2:4].copy().view(np.float16).astype(np.float64)
+    q = np.concatenate([b[..., 4:] & 15, b[..., 4:] >> 4], axis=-1)
+    return (d * q + m).reshape(rows, -1) @ x.astype(np.float64)""",
+    },
 }
 
 #: correct real_model answers in other styles than the solutions: each keeps its question
@@ -1341,6 +1376,19 @@ def to_rotate_half(w, n_heads):
         q = np.clip(np.rint((wg - lo) / S), 0, 2 ** bits - 1)
         w_hat = S * q + lo
     return q.reshape(K, M).T.astype(np.int64), w_hat.reshape(K, M).T""",
+    },
+    "q5": {
+        "a loop over a block's 32 positions": """def q4_1_matvec(raw, x):
+    rows, nbytes = raw.shape
+    n = nbytes // 20
+    b = raw.reshape(rows, n, 20)
+    d = np.frombuffer(b[..., :2].tobytes(), "<f2").reshape(rows, n).astype(np.float64)
+    m = np.frombuffer(b[..., 2:4].tobytes(), "<f2").reshape(rows, n).astype(np.float64)
+    xb = np.asarray(x, np.float64).reshape(n, 32)
+    acc = np.zeros((rows, n))
+    for j in range(16):
+        acc += (b[..., 4 + j] & 0x0F) * xb[:, j] + (b[..., 4 + j] >> 4) * xb[:, 16 + j]
+    return np.einsum("rb,rb->r", d, acc) + np.einsum("rb,b->r", m, xb.sum(axis=1))""",
     },
 }
 

@@ -634,3 +634,39 @@ def test_a_dead_holder_does_not_keep_the_gate(tmp_path):
     t0 = time.monotonic()
     with sandbox.ViewGate("B", tmp_path / "gate"):
         assert time.monotonic() - t0 < 1.0
+
+
+# --- issue 36, item 1: the channels that remain, measured (python -m preln.grade.bench_channels) ---
+#: the benchmark's tiny mode: a few bits per channel, short slots, a small allocation
+CHANNELS_TINY = ["--bits", "16", "--slot-bits", "16", "--slot-ms", "20", "--mem-slot-ms", "60", "--mem-mb", "32"]
+
+
+def test_the_channel_benchmark_prints_a_row_per_channel():
+    """The benchmark's table, in a tiny mode: one row per channel (page cache without and with the
+    cgroup, CPU time, free memory), each with its bits, rate, error rate and capacities as numbers.
+    What the numbers are is the machine's (no timing is asserted)."""
+    res = subprocess.run([sys.executable, "-m", "preln.grade.bench_channels", *CHANNELS_TINY],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in res.stdout.splitlines()
+            if line.startswith("| ") and not line.startswith("| channel")]
+    assert [(r[0], "with the cgroup" in r[1]) for r in rows] == [
+        ("page cache", False), ("page cache", True), ("CPU time", False), ("free memory (MemAvailable)", False)], rows
+    for channel, _, bits, rate, error, cap, bound in rows:
+        rate, error, cap, bound = float(rate), float(error), float(cap), float(bound)
+        assert bits == "16" and rate > 0 and 0 <= error <= 1 and 0 <= bound <= cap <= rate, (channel, rate, error, cap)
+
+
+def test_the_channel_decoder_reads_a_clean_signal_and_nothing_from_noise():
+    """The benchmark's decoder: read times of cached (1) and uncached (0) pages give the message
+    back; numbers that do not depend on the bits give no capacity once the error rate's sampling
+    noise is allowed for (a fixed seed)."""
+    import numpy as np
+    from preln.grade import bench_channels as bc
+    bits = bc.message(256)
+    clean = [2_000 if b else 50_000 for b in bits]
+    assert bc.decode(clean).tolist() == bits[len(bc.PREAMBLE):]
+    assert bc.row("page cache", "clean", bits, 1.0, clean)["capacity"] == 256
+    noise = np.random.default_rng(0).lognormal(10, 0.3, len(bits))
+    got = bc.row("page cache", "noise", bits, 1.0, noise)
+    assert 0.4 < got["error"] < 0.6 and got["bound"] == 0, got

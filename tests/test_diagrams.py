@@ -335,3 +335,69 @@ def test_float_formats_are_ml_dtypes_fields():
     per_bit = (dg.WIDTH - 20) / 32
     assert sum(widths[:3]) == pytest.approx(32 * per_bit) and sum(widths[3:6]) == pytest.approx(16 * per_bit)
     assert "65,504" in " ".join(words) and "448" in " ".join(words)
+
+
+def test_pipeline_schedules_draw_the_package_s_schedules_and_their_peaks():
+    from preln.chapters import parallel as par
+
+    p, m = dg.PIPELINE_P, dg.PIPELINE_M
+    scheds = dg.pipeline_schedules()
+    for drawn, sched in zip(scheds.values(), (par.gpipe_train_schedule(p, m), par.one_f_one_b_schedule(p, m))):
+        assert all(np.array_equal(a, b) for a, b in zip(drawn, sched))
+    root = ET.fromstring(dg.render("pipeline_schedules"))
+    cells = [("".join(t.itertext()), t.get("font-weight") == "bold") for t in root.iter(SVG + "text")]
+    words = [w for w, _ in cells]
+    for name, sched in scheds.items():
+        # row by row: the stage, each busy step's micro-batch (a backward in bold), the peak
+        want = []
+        for s in range(p):
+            want.append((str(s), False))
+            want += [(str(max(f, b)), b >= 0) for f, b in zip(sched.forward[s], sched.backward[s])
+                     if f >= 0 or b >= 0]
+            want.append((str(sched.peak_in_flight[s]), True))
+        start = words.index(name)
+        assert cells[start + 4:start + 4 + len(want)] == want, name
+        assert f"{sched.makespan} steps · bubble {round(100 * sched.bubble)} % · time →" in words
+    assert list(scheds["1F1B"].peak_in_flight) == [p - s for s in range(p)]
+    assert list(scheds["GPipe"].peak_in_flight) == [m] * p
+    assert f"p = {p}, m = {m}" in words
+
+
+GENERATED_ALTS = [n for n, d in dg.DIAGRAMS.items() if d.alt is not None]
+
+
+@pytest.mark.parametrize("name", GENERATED_ALTS)
+def test_the_chapter_s_alt_is_the_one_built_from_the_package(name):
+    """The figure's :alt: in its chapter is dg.alt(name), word for word (rewrite the option from
+    dg.alt when a constant changes)."""
+    import nbformat
+
+    chapter = dg.DIAGRAMS[name].chapter
+    nb = nbformat.read(ROOT / "book" / f"{chapter}.ipynb", as_version=4)
+    source = next(c.source for c in nb.cells if f"diagrams/{dg.file_name(name, 'light')}" in c.source)
+    figure = source[source.index(f"diagrams/{dg.file_name(name, 'light')}"):]
+    alts = re.findall(r"^:alt: (.*)$", figure, re.M)
+    assert alts and alts[0] == dg.alt(name)
+
+
+def test_alt_texts_follow_the_constants_they_state(monkeypatch):
+    """Change a constant the drawing reads and the alt text says the new value."""
+    from preln.gguf import file as gguf_file
+
+    before = {n: dg.alt(n) for n in GENERATED_ALTS}
+    monkeypatch.setitem(gguf_file.BLOCK_BYTES, "Q8_0", 99)
+    assert "Q8_0 block of 99 bytes" in dg.alt("gguf_blocks")
+    monkeypatch.setattr(dg, "BLOCK", 64)
+    assert "weight j + 32" in dg.alt("gguf_blocks") and "64 int8 codes" in dg.alt("gguf_blocks")
+    monkeypatch.setattr(dg, "FLOAT_FORMATS", ("float16", "bfloat16"))
+    assert dg.alt("float_formats").startswith("Diagram: the bit fields of float16 (1 sign, 5 exponent,"
+                                              " 10 mantissa bits) and bfloat16 (1, 8, 7),")
+    monkeypatch.setitem(dg.SCHEME_OPTIONS["smoothquant"], "alpha", 0.8)
+    assert "α = 0.8" in dg.alt("int8_pipeline")
+    monkeypatch.setattr(dg, "Q_TILE", dg.K_TILE)
+    assert f"{dg.K_TILE} queries by {dg.K_TILE} keys" in dg.alt("flash_loops")
+    monkeypatch.setattr(dg, "PIPELINE_M", 2)
+    assert "for 2 micro-batches" in dg.alt("pipeline_schedules") and ": 2, 2, 2, 1." in dg.alt("pipeline_schedules")
+    assert all(dg.alt(n) != before[n] for n in GENERATED_ALTS)
+    with pytest.raises(ValueError, match="name: expected a diagram with a generated alt.*got 'shape_flow'"):
+        dg.alt("shape_flow")

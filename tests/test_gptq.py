@@ -10,6 +10,7 @@ from preln.quant import weight_only
 from preln.quant.awq import awq, awq_scales
 from preln.quant.gptq import gptq, hessian, inverse_hessian_factor
 from preln.models.lm import LMConfig, TinyLM
+from preln.nn.block import LINEAR_PARAMS, TransformerBlock
 
 #: float64 linear algebra computed two ways (Cholesky updates vs least squares from scratch)
 LSTSQ_TOL = 1e-9
@@ -17,6 +18,8 @@ LSTSQ_TOL = 1e-9
 REORDER_TOL = 1e-12
 #: a grid's rounding error bound, up to float64 round-off of the division
 HALF_STEP = 0.5 * (1 + 1e-12)
+#: float32 products of the same weights in another order (BLAS, the tiled kernels)
+FLOAT32_TOL = 2e-5
 
 
 def correlated_inputs(rng, N, K, salient=()):
@@ -253,11 +256,37 @@ def test_quantize_model_tiny_lm(method):
     assert rel < 0.05                                                 # 8 bits: close to float
     q2 = weight_only.quantize_model(lm, method, 2, 8, tokens)
     assert np.linalg.norm(q2(tokens) - ref) / np.linalg.norm(ref) > rel
-    n_weights = sum(b.params[k].size for b in lm.stack.layers for k in
-                    ("self_attn.in_proj_weight", "self_attn.out_proj.weight", "linear1.weight",
-                     "linear2.weight"))
-    assert q2.weight_nbytes() < 0.25 * 4 * n_weights          # 2-bit codes against float32
-    assert list(q2.blocks[0].linears) == ["in_proj", "out_proj", "linear1", "linear2"]
+    # the tiled layout: 2-bit codes packed two per byte, a float32 scale and a one-byte zero point
+    # per group, the float32 bias (and AWQ's float32 input scales) -- under 40 % of float32's bytes at K = 16
+    shapes = [b.params[w].shape for b in lm.stack.layers for w, _ in LINEAR_PARAMS.values()]
+    awq_scales = 4 if method == "awq" else 0
+    assert q2.weight_nbytes() == sum(M * K // 2 + 5 * M * K // 8 + 4 * M + awq_scales * K for M, K in shapes)
+    assert q2.weight_nbytes() < 0.4 * sum(4 * M * (K + 1) for M, K in shapes)
+    assert list(q2.blocks[0].linears) == list(LINEAR_PARAMS)
+
+
+def test_a_quantised_tiny_lm_is_a_tiny_lm_of_transformer_blocks_with_swapped_linears():
+    """The quantised TinyLM is the TinyLM class over TransformerBlocks whose linears are QuantLinears:
+    its logits are a float32 TinyLM's with the dequantised weights (and the same biases) loaded,
+    and decoding with its KV cache gives the forward's logits."""
+    lm = small_lm()
+    tokens = np.random.default_rng(1).integers(0, 11, (2, 12))
+    q = weight_only.quantize_model(lm, "awq", 4, 8, tokens)
+    assert isinstance(q, TinyLM) and all(type(b).__mro__[2] is TransformerBlock for b in q.blocks)
+    ref = TinyLM(lm.config, dtype=np.float32, seed=1).eval()
+    state = {k: v for k, v in lm.params.items()}
+    for i, b in enumerate(q.blocks):
+        for name, (w, bias) in LINEAR_PARAMS.items():
+            state[f"stack.layers.{i}.{w}"] = b.linears[name].dequantize()    # AWQ's 1 / s included
+            state[f"stack.layers.{i}.{bias}"] = b.linears[name].bias
+    ref.own = {k: state[k].astype(np.float32) for k in ref.own}
+    ref.stack.load_state_dict({k[len("stack."):]: v for k, v in state.items() if k.startswith("stack.")})
+    np.testing.assert_allclose(q(tokens), ref(tokens), rtol=FLOAT32_TOL, atol=FLOAT32_TOL)
+    kv = q.kv_cache(2, 12)
+    steps = np.concatenate([q.decode(tokens[:, :5], kv)] + [q.decode(tokens[:, t:t + 1], kv) for t in range(5, 12)], 1)
+    np.testing.assert_allclose(steps, q(tokens), rtol=FLOAT32_TOL, atol=FLOAT32_TOL)
+    with pytest.raises(RuntimeError, match="inference-only"):
+        q.blocks[0].backward(np.zeros((1, 1, 16), np.float32))
 
 
 def test_quantize_model_bad_input():

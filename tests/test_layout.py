@@ -198,10 +198,7 @@ def private_attribute_uses():
 
 #: private attributes still reached across modules, each to be replaced by a public name in its
 #: owner's rewrite (issue 35); the test fails when one is fixed and still listed, so this shrinks
-PENDING_PRIVATE_ATTRIBUTES = {
-    ("preln.course", "fn._record"),                 # a stand-in's recorder, defined in grade.checks
-    ("preln.grade.checks", "api._PLAN"),            # the plan collector, a module variable of course
-}
+PENDING_PRIVATE_ATTRIBUTES = set()
 
 
 def test_no_private_attributes_of_other_objects_across_modules():

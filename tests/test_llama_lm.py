@@ -20,6 +20,9 @@ SAME_F64 = 1e-12
 #: stored losses are rounded to 7 decimals; a re-run on another BLAS kernel differs by round-off
 STORED_LOSS_ATOL = 1e-6
 
+#: float64 logits of the plain (train) and tiled (eval) attention: the same sums in another order
+TILED_ATOL = 1e-13
+
 TINY = LlamaLMConfig(vocab_size=7, d_model=8, n_heads=2, n_kv_heads=1, d_ff=12, n_layers=2)
 
 
@@ -64,6 +67,21 @@ def test_bad_input():
         lm(np.zeros((1, 3)))
     with pytest.raises(RuntimeError, match="no forward"):
         LlamaLM(TINY).backward(np.zeros((1, 2, 7)))
+
+
+def test_an_eval_forward_keeps_nothing_for_a_backward(rng):
+    """Eval mode: the same logits (its tiled attention sums in another order), no block or LM keeps its activations (a 256-token forward of
+    SmolLM2 kept 251 MiB), and a backward says why it cannot run; train mode keeps them."""
+    lm = LlamaLM(TINY, seed=3)
+    tokens = rng.integers(0, 7, (2, 5))
+    train_logits = lm(tokens)
+    assert all(layer.cache_nbytes() > 0 for layer in lm.layers)
+    lm.eval()
+    eval_logits = lm(tokens)
+    np.testing.assert_allclose(eval_logits, train_logits, rtol=0, atol=TILED_ATOL)
+    assert all(layer.cache_nbytes() == 0 for layer in lm.layers)
+    with pytest.raises(RuntimeError, match="an eval-mode forward keeps no activations"):
+        lm.backward(np.zeros_like(eval_logits))
 
 
 def test_train_lm_is_the_reference_lm_s_loop():

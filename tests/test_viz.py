@@ -535,3 +535,37 @@ def test_an_explorable_frame_links_to_its_full_size_file_on_the_site_only():
     # the script links a file (the site), never a data: URI (the notebook)
     assert 'slice(0,5)!=="data:")a.href=img.getAttribute("src")' in html
     assert 'addEventListener("beforeprint",function(){img.parentNode.removeAttribute("href");})' in html
+
+
+def test_the_precision_map_s_default_frame_moves_along_both_axes():
+    """The overflow explorable's default (float16, naive) shows the wall as the diagonal
+    sqrt(65520 / D): it moves with the width and with the input rms, and not with depth."""
+    import inspect
+    import math
+
+    from preln.chapters import numerics
+    from preln.chapters.figures import precision as prec
+
+    plot, controls = prec.EXPLORABLES["overflow_map"]
+    default = {k: p.default for k, p in inspect.signature(plot).parameters.items()}
+    assert set(default) == set(controls) and all(default[k] in controls[k] for k in controls)
+    grid = numerics.overflow_map(**default)                       # (widths, input rms)
+    assert grid.shape == (len(numerics.GRID_D), len(numerics.GRID_SCALES))
+    walls = [int(np.argmax(row == 1)) for row in grid]
+    for d, wall, row in zip(numerics.GRID_D, walls, grid):
+        assert (row[:wall] == 0).all() and row[wall] == 1
+        # the largest token of the unit input, scaled, passes d * rms^2 = 65520 there
+        z_ss = numerics.residual_stream(d, 1.0, 0, "float16", "naive", tokens=2)["max_token_ss"][0, 0]
+        z_rms = math.sqrt(z_ss / d)
+        assert (numerics.GRID_SCALES[wall] * z_rms >= math.sqrt(65520 / d)
+                > numerics.GRID_SCALES[wall - 1] * z_rms)
+    assert all(np.diff(walls) < 0)                                # wider: overflows sooner
+    for depth in controls["depth"]:                               # every frame: the same wall
+        assert [int(np.argmax(r == 1)) for r in numerics.overflow_map("float16", "naive", depth)] == walls
+    assert not (numerics.overflow_map("float16", "safe", 1) == 1).any()
+    assert (numerics.overflow_map("bfloat16", "naive", numerics.GRID_DEPTH) == 0).all()
+    alt = prec.overflow_map_alt(**default)
+    assert all(f"at D = {d}" in alt for d in numerics.GRID_D)
+    plt.close(plot(**default))
+    with pytest.raises(ValueError, match=r"depth: expected an int from 1 to GRID_DEPTH=24; got 0"):
+        numerics.overflow_map("float16", "naive", 0)

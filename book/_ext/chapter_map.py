@@ -6,7 +6,10 @@ reading time, and two paths: the core path for a first reading (`preln_core_path
 and the full path through every chapter. A reading time is counted from the notebook itself:
 markdown words at READ_WPM, the code lines the site shows at CODE_LPM; on the core path the `deeper` cells (the side
 roads marked "skip on a first reading") are left out. The SVG carries its text as text (it scales,
-prints and is read by screen readers) and its own <title> and <desc>.
+prints and is read by screen readers) and its own <title> and <desc>. It is drawn twice, like the
+chapters' diagrams (book/_ext/diagrams.py shows one per mode): chapter_map.svg in the light
+theme's colours and chapter_map-dark.svg in the dark theme's (preln.chapters.diagrams.THEMES), so
+in dark mode it sits on the page instead of on the theme's light grey mat.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from preln.chapters.diagrams import text_width
+from preln.chapters.diagrams import THEMES, file_name, text_width
 
 #: words of prose (with its formulas) a reader takes in per minute, and lines of code
 READ_WPM = 150
@@ -35,6 +38,11 @@ WIDTH, PHONE_PX, MIN_SHOWN_PX = 360, 342, 11
 FONT, CAPTION_FONT, LINE, GAP = 15, 13, 19, 9
 CORE_X, FULL_X, TEXT_X, KEY_H = 14, 34, 50, 64
 INK, MUTED, CORE_COLOUR, PAPER = "#1f2328", "#57606a", "#0072B2", "#ffffff"
+#: the same four roles in dark mode: the dark theme's text, muted text, the diagrams' blue (lifted to
+#: >= 4.5:1 on the page) and the page itself
+DARK = THEMES["dark"]
+COLOURS = {"light": (INK, MUTED, CORE_COLOUR, PAPER),
+           "dark": (DARK["ink"], DARK["muted"], DARK["attn"], DARK["bg"])}
 
 
 def toc_parts(root: Path):
@@ -96,8 +104,11 @@ def wrap(words: str, width: float, size: float) -> list[str]:
     return lines
 
 
-def chapter_map_svg(root: Path, core) -> str:
-    """The map as an SVG document."""
+def chapter_map_svg(root: Path, core, mode: str = "light") -> str:
+    """The map as an SVG document, in the colours of the theme's ``mode`` ("light" or "dark")."""
+    if mode not in COLOURS:
+        raise ValueError(f"mode: expected one of {sorted(COLOURS)}; got {mode!r}")
+    ink, muted, core_colour, paper = COLOURS[mode]
     rows = chapter_rows(root, core)
     chapters = [c for _, cs in rows for c in cs]
     unknown = sorted(set(core) - {c["name"] for c in chapters})
@@ -112,12 +123,12 @@ def chapter_map_svg(root: Path, core) -> str:
     for caption, cs in rows:
         y += LINE + GAP
         out.append(f'<text x="{TEXT_X}" y="{y}" font-weight="bold" font-size="{CAPTION_FONT}" '
-                   f'letter-spacing="1" fill="{CORE_COLOUR}">{escape(caption.upper())}</text>')
+                   f'letter-spacing="1" fill="{core_colour}">{escape(caption.upper())}</text>')
         for c in cs:
             lines = wrap(c["title"], title_w, FONT)
             y += LINE + (GAP if c is cs[0] else 7)
             ys[c["name"]] = y - 5                                  # the dot: by the first line
-            colour = INK if c["core"] else MUTED
+            colour = ink if c["core"] else muted
             weight = ' font-weight="bold"' if c["core"] else ""
             out.append(f'<text x="{WIDTH - 8}" y="{y}" text-anchor="end" fill="{colour}">'
                        f'{c["minutes"]} min</text>')
@@ -127,20 +138,20 @@ def chapter_map_svg(root: Path, core) -> str:
     height = y + 14
     first, last = ys[chapters[0]["name"]], ys[chapters[-1]["name"]]
     core_ys = [ys[c["name"]] for c in chapters if c["core"]]
-    rails = [f'<line x1="{FULL_X}" y1="{first}" x2="{FULL_X}" y2="{last}" stroke="{MUTED}" '
+    rails = [f'<line x1="{FULL_X}" y1="{first}" x2="{FULL_X}" y2="{last}" stroke="{muted}" '
              'stroke-width="2" stroke-dasharray="5 4"/>',
              f'<line x1="{CORE_X}" y1="{core_ys[0]}" x2="{CORE_X}" y2="{core_ys[-1]}" '
-             f'stroke="{CORE_COLOUR}" stroke-width="5"/>']
+             f'stroke="{core_colour}" stroke-width="5"/>']
     for c in chapters:
         cy = ys[c["name"]]
-        rails.append(f'<circle cx="{FULL_X}" cy="{cy}" r="5" fill="{PAPER}" stroke="{MUTED}" stroke-width="2"/>')
+        rails.append(f'<circle cx="{FULL_X}" cy="{cy}" r="5" fill="{paper}" stroke="{muted}" stroke-width="2"/>')
         if c["core"]:
-            rails.append(f'<circle cx="{CORE_X}" cy="{cy}" r="7" fill="{CORE_COLOUR}"/>')
-    key = [f'<line x1="6" y1="18" x2="36" y2="18" stroke="{CORE_COLOUR}" stroke-width="5"/>',
-           f'<text x="44" y="23" fill="{INK}"><tspan font-weight="bold">Core path</tspan>, first reading: '
+            rails.append(f'<circle cx="{CORE_X}" cy="{cy}" r="7" fill="{core_colour}"/>')
+    key = [f'<line x1="6" y1="18" x2="36" y2="18" stroke="{core_colour}" stroke-width="5"/>',
+           f'<text x="44" y="23" fill="{ink}"><tspan font-weight="bold">Core path</tspan>, first reading: '
            f'{hours(core_total)}</text>',
-           f'<line x1="6" y1="46" x2="36" y2="46" stroke="{MUTED}" stroke-width="2" stroke-dasharray="5 4"/>',
-           f'<text x="44" y="51" fill="{INK}"><tspan font-weight="bold">Full path</tspan>, everything: '
+           f'<line x1="6" y1="46" x2="36" y2="46" stroke="{muted}" stroke-width="2" stroke-dasharray="5 4"/>',
+           f'<text x="44" y="51" fill="{ink}"><tspan font-weight="bold">Full path</tspan>, everything: '
            f'{hours(full_total)}</text>']
     core_names = [c["title"] for c in chapters if c["core"]]
     desc = (f"The book's {len(chapters)} chapters in {len(rows)} parts: "
@@ -155,17 +166,18 @@ def chapter_map_svg(root: Path, core) -> str:
         f'font-family="DejaVu Sans, Helvetica, Arial, sans-serif" font-size="{FONT}">',
         '<title id="map-t">Map of the chapters and the two reading paths</title>',
         f'<desc id="map-d">{escape(desc)}</desc>',
-        f'<rect x="0" y="0" width="{WIDTH}" height="{height}" rx="10" fill="{PAPER}"/>',
+        f'<rect x="0" y="0" width="{WIDTH}" height="{height}" rx="10" fill="{paper}"/>',
         *key, *rails, *out, "</svg>", ""])
 
 
 def write_map(app):
     root = Path(app.srcdir)
-    path = root / GENERATED
-    path.parent.mkdir(parents=True, exist_ok=True)
-    svg = chapter_map_svg(root, app.config.preln_core_path)
-    if not path.is_file() or path.read_text() != svg:      # unchanged bytes: no rebuild of the intro
-        path.write_text(svg)
+    (root / GENERATED).parent.mkdir(parents=True, exist_ok=True)
+    for mode in COLOURS:
+        path = (root / GENERATED).with_name(file_name(GENERATED.stem, mode))
+        svg = chapter_map_svg(root, app.config.preln_core_path, mode)
+        if not path.is_file() or path.read_text() != svg:  # unchanged bytes: no rebuild of the intro
+            path.write_text(svg)
 
 
 def setup(app):

@@ -24,8 +24,10 @@ from sphinx.transforms import SphinxTransform
 from preln.chapters.diagrams import DIAGRAMS, file_name, write_all
 
 GENERATED = Path("book") / "diagrams"
-# a figure's image that is a light diagram: .../diagrams/<name>.svg
-LIGHT = re.compile(r"(^|/)diagrams/(?P<name>[a-z_]+)\.svg$")
+# a figure's image that is a light diagram: .../diagrams/<name>.svg, or the intro's chapter map
+# (.../_generated/chapter_map.svg, drawn in both modes by book/_ext/chapter_map.py)
+LIGHT = re.compile(r"(^|/)(diagrams|_generated)/(?P<name>[a-z0-9_]+)\.svg$")
+DRAWN_TWICE = set(DIAGRAMS) | {"chapter_map"}
 
 
 class DarkVariant(SphinxTransform):
@@ -36,7 +38,7 @@ class DarkVariant(SphinxTransform):
     def apply(self, **kwargs):
         for image in list(self.document.findall(nodes.image)):
             m = LIGHT.search(image.get("uri", ""))
-            if not m or m["name"] not in DIAGRAMS:
+            if not m or m["name"] not in DRAWN_TWICE:
                 continue
             dark = image.deepcopy()
             dark["uri"] = image["uri"][:-len(file_name(m["name"], "light"))] + file_name(m["name"], "dark")
@@ -44,6 +46,12 @@ class DarkVariant(SphinxTransform):
             dark["loading"] = "lazy"
             light = image.deepcopy()
             light["classes"] = light["classes"] + ["only-light"]
+            if any(k in image for k in ("width", "height", "scale")):
+                # Sphinx links a scaled image to its file, the link taking the image's classes:
+                # the hidden twin's link then stayed in the Tab order of the other mode (a Tab
+                # stop with no box). A diagram is vector and scales itself: no link, as unscaled.
+                for twin in (light, dark):
+                    twin["classes"] = twin["classes"] + ["no-scaled-link"]
             pair = nodes.container("", light, dark, classes=["preln-diagram"])
             image.replace_self(pair)
 

@@ -28,6 +28,7 @@ from typing import Callable, NamedTuple
 import ml_dtypes
 import numpy as np
 
+from preln.chapters.parallel import gpipe_train_schedule, one_f_one_b_schedule
 from preln.chapters.shapes import shape_flow
 from preln.chapters.viz import PALETTE, contrast_ratio
 from preln.nn.block import TransformerBlock
@@ -40,7 +41,8 @@ from preln.quant.int8 import SCHEME_OPTIONS, int32_max_terms, qmax
 from preln.serve.paged import PagedKVCache
 
 __all__ = ["DIAGRAMS", "THEMES", "Diagram", "render", "write_all", "WIDTH", "MIN_FONT",
-           "PHONE_COLUMN_PX", "MIN_SHOWN_PX", "file_name"]
+           "PHONE_COLUMN_PX", "MIN_SHOWN_PX", "file_name", "alt", "pipeline_schedules", "PIPELINE_P",
+           "PIPELINE_M"]
 
 #: width of every diagram in SVG px (its natural width on the page)
 WIDTH = 400
@@ -1045,10 +1047,136 @@ def _sci(v: float) -> str:
     sup = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
     return f"{mant} × 10{str(int(exp)).translate(sup)}"
 
+# ---- 12. GPipe and 1F1B: the pipeline's training step (many_devices) -----------------------------
+#: the chapter's example: p stages, m micro-batches (its GPipe figure's p_demo, m_demo)
+PIPELINE_P, PIPELINE_M = 4, 8
+
+
+def pipeline_schedules(p=PIPELINE_P, m=PIPELINE_M):
+    """The two schedules the diagram draws, by name: the package's own."""
+    return {"GPipe": gpipe_train_schedule(p, m), "1F1B": one_f_one_b_schedule(p, m)}
+
+
+def _pipeline(c: Canvas):
+    p, m = PIPELINE_P, PIPELINE_M
+    schedules = pipeline_schedules(p, m)
+    T = max(s.makespan for s in schedules.values())
+    left, right = 10 + 44, WIDTH - 10 - 40           # the grid, between the stage and peak columns
+    cell, row = (right - left) / T, 21
+    y = 10
+    # the key: colour and weight both tell a forward from a backward
+    x = 10
+    for words, role, bold in (("forward i", "attn", False), ("backward i", "mlp", True)):
+        c.box(x, y + 2, 16, 16, role, rx=0, width=1)
+        c.text(x + 8, y + 15, "i", size=MIN_FONT, bold=bold)
+        c.text(x + 22, y + 15, words, anchor="start", size=MIN_FONT)
+        x += 40 + text_width(words, MIN_FONT)
+    c.box(x, y + 2, 16, 16, rx=0, width=0.8, dashed=True, hollow=True)
+    c.text(x + 22, y + 15, "idle", anchor="start", size=MIN_FONT)
+    c.text(WIDTH - 10, y + 15, f"p = {p}, m = {m}", anchor="end", size=MIN_FONT, colour="muted")
+    y += 34
+    described = []
+    for name, sched in schedules.items():
+        how = "all forwards, then all backwards" if name == "GPipe" else "one forward, one backward"
+        c.text(10, y + 14, name, anchor="start", bold=True)
+        c.text(10 + text_width(name, FONT, bold=True) + 8, y + 14, how, anchor="start",
+               size=MIN_FONT, colour="muted")
+        y += 22
+        c.text(10, y + 14, "stage", anchor="start", size=MIN_FONT, colour="muted")
+        c.text(WIDTH - 10, y + 14, "peak", anchor="end", size=MIN_FONT, colour="muted")
+        y += 20
+        peak = sched.peak_in_flight
+        for s in range(p):
+            top = y + s * row
+            c.text(10 + 20, top + 15, str(s), size=MIN_FONT)
+            for t in range(sched.makespan):
+                f, b = int(sched.forward[s, t]), int(sched.backward[s, t])
+                x = left + t * cell
+                if f < 0 and b < 0:
+                    c.box(x + 1, top + 1, cell - 2, row - 2, rx=0, width=0.8, dashed=True, hollow=True)
+                    continue
+                c.box(x, top, cell, row, "attn" if f >= 0 else "mlp", rx=0, width=0.8)
+                c.text(x + cell / 2, top + 15, str(max(f, b)), size=MIN_FONT, bold=b >= 0)
+            c.text(WIDTH - 10 - 20, top + 15, str(int(peak[s])), size=FONT, bold=True)
+        y += p * row + 20
+        pct = round(100 * sched.bubble)
+        c.text(left, y, f"{sched.makespan} steps · bubble {pct} % · time →", anchor="start",
+               size=MIN_FONT, colour="muted")
+        y += 24
+        described.append(f"{name} ({how}): {sched.makespan} time steps, {pct} % of the "
+                         f"stage-steps idle; the most micro-batches whose activations a stage "
+                         f"holds at once, stage 0 to {p - 1}: " + ", ".join(map(str, peak)))
+    c.text(10, y + 6, "peak: micro-batches whose activations", anchor="start", size=MIN_FONT,
+           colour="muted")
+    c.text(10, y + 24, "a stage holds, waiting for their backward", anchor="start", size=MIN_FONT,
+           colour="muted")
+    y += 34
+    desc = (f"Two pipeline schedules of one training step on {p} stages (rows, stage 0 at the "
+            f"top) with {m} micro-batches numbered 0 to {m - 1}, one cell per time step, a forward "
+            f"or a backward taking one step each; blank dashed cells are idle. "
+            + ". ".join(described) + ". 1F1B starts the backward of each micro-batch as soon as "
+            f"the last stage has its forward, so stage s holds at most p − s micro-batches instead "
+            f"of all {m}, with the same makespan and bubble.")
+    return "GPipe and 1F1B: one training step of a pipeline", desc, y
+
+
 # ---- the registry --------------------------------------------------------------------------------
+# ---- short alt texts: the facts they state, read off what the drawing reads ------------------------
+def _flash_alt():
+    S, fa2, fa1 = flash_orders()
+    return (f"Diagram: a causal attention's score tiles for S = {S}, {Q_TILE} queries by {K_TILE} "
+            f"keys each, numbered in visiting order. FlashAttention-1 goes down each column of key "
+            f"tiles in turn and writes a query tile's output at every one of its {len(fa1)} visits; "
+            f"FlashAttention-2 goes along each row of query tiles, keeping the output on chip and "
+            f"writing it {S // Q_TILE} times, once per query tile.")
+
+
+def _gguf_alt():
+    n = BLOCK
+    return (f"Diagram: a Q8_0 block of {BLOCK_BYTES['Q8_0']} bytes (a float16 scale and {n} int8 "
+            f"codes) and a Q4_1 block of {BLOCK_BYTES['Q4_1']} bytes (a float16 scale and minimum, "
+            f"then {n // 2} bytes holding two 4-bit codes each, the low nibble for weight j and the "
+            f"high nibble for weight j + {n // 2}); below, one head's q or k rows (d_h = "
+            f"{PERMUTE_D_HEAD}) in transformers' order and in the GGUF file's order.")
+
+
+def _int8_alt():
+    thr = SCHEME_OPTIONS["llm.int8"]["threshold"]
+    alpha = SCHEME_OPTIONS["smoothquant"]["alpha"]
+    return (f"Diagram in three panels: the W8A8 pipeline (quantise X and W to int8 in ±{qmax(8)}, "
+            f"multiply and accumulate in int32, exact for up to {int32_max_terms(8):,} terms, "
+            f"rescale to float); LLM.int8's split of the columns of X with some |x| ≥ {thr:g} into "
+            f"a float16 matmul; SmoothQuant's per-column factor (α = {alpha:g}) that divides X and "
+            f"multiplies W before the W8A8 path.")
+
+
+def _float_formats_alt():
+    rows = []
+    for k, name in enumerate(FLOAT_FORMATS):
+        bits, e, m, _ = float_fields(name)
+        rows.append(f"{name} (1 sign, {e} exponent, {m} mantissa bits)" if k == 0 else
+                    f"{name} (1, {e}, {m})")
+    return ("Diagram: the bit fields of " + ", ".join(rows[:-1]) + " and " + rows[-1]
+            + ", one cell per bit at the same scale, with each format's largest value and eps.")
+
+
+def _pipeline_alt():
+    p, m = PIPELINE_P, PIPELINE_M
+    gpipe, ofob = pipeline_schedules(p, m).values()
+    return (f"Diagram: GPipe above 1F1B, {p} stages by {gpipe.makespan} time steps for {m} "
+            f"micro-batches. GPipe runs every forward, then every backward: stages 0 to {p - 1} "
+            f"hold at most {', '.join(map(str, gpipe.peak_in_flight))} micro-batches' activations "
+            f"at once. "
+            f"1F1B alternates one forward and one backward: "
+            f"{', '.join(map(str, ofob.peak_in_flight))}. Both idle "
+            f"{round(100 * ofob.bubble)} % of the time.")
+
+
 class Diagram(NamedTuple):
     chapter: str                                  # the notebook the diagram belongs in
     draw: Callable                                # Canvas -> (title, desc, height)
+    alt: Callable | None = None                   # () -> the figure's short alt text, where it
+                                                  # states the package's numbers; else the chapter's
 
 
 #: every diagram by name: the chapter it belongs in and how it is drawn
@@ -1060,11 +1188,21 @@ DIAGRAMS: dict[str, Diagram] = {
     "paged_kv_cache": Diagram("inference_serving", _paged),
     "gpt_vs_llama": Diagram("modern_block", _gpt_vs_llama),
     "preln_block": Diagram("intro", _preln_block),
-    "flash_loops": Diagram("inference", _flash),
-    "gguf_blocks": Diagram("real_model", _gguf),
-    "int8_pipeline": Diagram("int8", _int8),
-    "float_formats": Diagram("precision", _float_formats),
+    "flash_loops": Diagram("inference", _flash, _flash_alt),
+    "gguf_blocks": Diagram("real_model", _gguf, _gguf_alt),
+    "int8_pipeline": Diagram("int8", _int8, _int8_alt),
+    "float_formats": Diagram("precision", _float_formats, _float_formats_alt),
+    "pipeline_schedules": Diagram("many_devices", _pipeline, _pipeline_alt),
 }
+
+
+def alt(name: str) -> str:
+    """The short alt text of diagram ``name``, built from the constants its drawing reads: the
+    chapter's figure must give exactly this as its ``:alt:`` (tests/test_diagrams.py)."""
+    if name not in DIAGRAMS or DIAGRAMS[name].alt is None:
+        have = sorted(n for n, d in DIAGRAMS.items() if d.alt is not None)
+        raise ValueError(f"name: expected a diagram with a generated alt, one of {have}; got {name!r}")
+    return DIAGRAMS[name].alt()
 
 
 def render(name: str, mode: str = "light") -> str:

@@ -13,7 +13,9 @@ residual stream's growth with depth, error against float64, and loss scaling.
   initialisation): the depth at which a float16 LayerNorm overflows depends on which.
 - The grid of where inf/NaN appear (:func:`overflow_grid`, cached), stored in
   preln/data/precision/overflow_grids.json (:func:`write_overflow_grids`, :func:`stored_overflow_grid`)
-  so that the chapter's interactive figure only draws.
+  so that the chapter's interactive figure only draws: the map of model width against input rms
+  after a chosen block (:func:`overflow_map`), where the float16 wall is the diagonal
+  sqrt(65520 / D).
 - Error against float64 per dtype and policy (:func:`precision_error`).
 - Loss scaling for float16 gradients (Micikevicius et al. 2018, arXiv 1710.03740): how many
   gradient entries flush to zero with and without a scale (:func:`gradient_underflow`) and dynamic
@@ -41,7 +43,8 @@ __all__ = [
     "FORMATS", "DTYPES", "format_limits", "format_rows", "overflow_bound", "exp_threshold",
     "exp_threshold_empirical", "square_threshold", "square_threshold_empirical",
     "layernorm_rms_threshold", "layernorm_rms_threshold_empirical", "stack_config",
-    "residual_stream", "theory_stream", "overflow_grid", "stored_overflow_grid", "write_overflow_grids", "STATUS", "precision_error", "gradient_underflow",
+    "residual_stream", "theory_stream", "overflow_grid", "stored_overflow_grid", "write_overflow_grids",
+    "overflow_map", "STATUS", "precision_error", "gradient_underflow",
     "dynamic_loss_scaling",
 ]
 
@@ -219,7 +222,7 @@ def stack_config(d):
     return BlockConfig(d_model=d, n_heads=default_heads(d), d_ff=4 * d)
 
 
-@functools.lru_cache(maxsize=72)     # the overflow map's 3 widths x 24 blocks
+@functools.lru_cache(maxsize=120)    # the overflow map's 5 widths x 24 blocks
 def _block64(d, seed):
     """Block ``seed`` of a stack in float64, its weights drawn once per (d, seed): the template of
     :func:`_block` (never run; its gradient buffers are dropped)."""
@@ -230,7 +233,7 @@ def _block64(d, seed):
     return block
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=512)    # 5 widths x 2 dtypes x 24 blocks, and the chapter's others
 def _weights(d, dtype_name, seed):
     """The float64 weights of block (d, seed) rounded to the dtype once, for every policy."""
     out = {k: v.astype(DTYPES[dtype_name]) for k, v in _block64(d, seed).params.items()}
@@ -239,7 +242,7 @@ def _weights(d, dtype_name, seed):
     return out
 
 
-@functools.lru_cache(maxsize=512)
+@functools.lru_cache(maxsize=1024)   # 5 widths x 2 dtypes x 2 policies x 24 blocks, and others
 def _block(d, dtype_name, policy, seed):
     """Block ``seed`` of a stack (weights depend only on d and seed, then rounded to the dtype).
 
@@ -333,10 +336,14 @@ def theory_stream(d, depth, tokens=16, seed=0):
     return dict(ms=ms, max_token_ss=ss)
 
 
-#: the grid of the overflow map: input rms 2^0 .. 2^15, depth 1 .. 24
-GRID_SCALES = tuple(float(2 ** k) for k in range(16))
+#: the grid of the overflow map: input rms 2^0 .. 2^15 in half powers of two, depth 1 .. 24, and
+#: widths 8 .. 128, over which the float16 wall sqrt(65520 / D) falls from 2^6.5 to 2^4.5: half a
+#: power of two per doubling of D, one column of the grid
+GRID_SCALES = tuple(float(2 ** (k / 2)) for k in range(31))
 GRID_DEPTH = 24
-GRID_D = (32, 64, 128)
+GRID_D = (8, 16, 32, 64, 128)
+#: the depths the map shows, one frame each: the wall does not move with depth
+MAP_DEPTHS = (1, GRID_DEPTH // 3, GRID_DEPTH)
 GRID_DTYPES = ("float16", "bfloat16")
 GRID_POLICIES = ("naive", "safe")
 
@@ -403,6 +410,17 @@ def stored_overflow_grid(dtype="float16", policy="naive", d=64):
     if key not in grids:
         raise KeyError(f"dtype, policy, d: no stored grid for {key!r}; stored: {sorted(grids)}")
     out = np.array([[int(c) for c in row] for row in grids[key]], dtype=np.int64)
+    out.setflags(write=False)
+    return out
+
+
+def overflow_map(dtype="float16", policy="naive", depth=1):
+    """The overflow map: the status (index into STATUS) of the stream after block ``depth``, for
+    every model width of GRID_D (rows) and input rms of GRID_SCALES (columns), read from the
+    stored grids: (len(GRID_D), len(GRID_SCALES)), read-only."""
+    if isinstance(depth, bool) or not isinstance(depth, (int, np.integer)) or not 1 <= depth <= GRID_DEPTH:
+        raise ValueError(f"depth: expected an int from 1 to GRID_DEPTH={GRID_DEPTH}; got {depth!r}")
+    out = np.stack([stored_overflow_grid(dtype, policy, d)[depth - 1] for d in GRID_D])
     out.setflags(write=False)
     return out
 

@@ -9,6 +9,7 @@ step, and the 2-rank check of :mod:`preln.parallel`.
     par.tp_traffic(d_model=4096, batch=1, seq=4096, world=8)   # bytes a rank sends per layer, TP
     par.collective_time(nbytes, par.LINKS["NVLink 4"], steps)  # bytes / bandwidth + steps x latency
     par.bubble_fraction(p=4, m=8)                              # (p - 1) / (m + p - 1)
+    par.one_f_one_b_schedule(p=4, m=8).peak_in_flight          # [4 3 2 1]; GPipe: [8 8 8 8]
 
 Memory per device (Rajbhandari et al. 2020, ZeRO, arXiv 1910.02054, section 3.1): mixed-precision
 Adam keeps, per parameter, 2 bytes of 16-bit weights, 2 of 16-bit gradients and K = 12 of fp32
@@ -43,7 +44,8 @@ from preln.validation import positive_int
 __all__ = ["MODELS", "param_count", "BYTES_PER_PARAM", "ZERO_STAGES", "DeviceMemory", "zero_memory",
            "zero_traffic", "checkpointed_activation_bytes", "Link", "LINKS", "LINK_LATENCY",
            "collective_time", "tp_traffic", "sp_traffic", "tp_layer_times", "tp_break_even",
-           "largest_paying_tp", "bubble_fraction", "gpipe_schedule", "data_parallel_grads",
+           "largest_paying_tp", "bubble_fraction", "gpipe_schedule", "PipelineSchedule",
+           "gpipe_train_schedule", "one_f_one_b_schedule", "data_parallel_grads",
            "zero_adam_step", "peak_train_step_bytes", "ParallelRun", "run_parallel_check",
            "parse_parallel_report", "flat_grads"]
 
@@ -228,10 +230,84 @@ def gpipe_schedule(p, m):
     """(p, m + p - 1) int array of the forward pass of a GPipe schedule: the micro-batch stage s
     works on at time step t (micro-batch i reaches stage s at step i + s), -1 where it idles."""
     p, m = positive_int(p, "p"), positive_int(m, "m")
-    grid = np.full((p, m + p - 1), -1)
+    return gpipe_train_schedule(p, m).forward[:, :m + p - 1]
+
+
+class PipelineSchedule(NamedTuple):
+    """A whole training step of a pipeline, forward and backward one time step each: at step t,
+    stage s runs the forward of micro-batch ``forward[s, t]`` or the backward of
+    ``backward[s, t]`` (-1: it does not), two (p, T) int arrays laid out as gpipe_schedule's."""
+    forward: np.ndarray
+    backward: np.ndarray
+
+    @property
+    def makespan(self) -> int:
+        return self.forward.shape[1]
+
+    @property
+    def bubble(self) -> float:
+        """The idle share of the stage-steps."""
+        return float(((self.forward < 0) & (self.backward < 0)).mean())
+
+    @property
+    def in_flight(self) -> np.ndarray:
+        """(p, T): micro-batches whose activations stage s holds after step t (forward done,
+        backward not yet)."""
+        return np.cumsum(self.forward >= 0, axis=1) - np.cumsum(self.backward >= 0, axis=1)
+
+    @property
+    def peak_in_flight(self) -> np.ndarray:
+        """(p,): the most micro-batches' activations each stage holds at once."""
+        return self.in_flight.max(axis=1)
+
+
+def _run_pipeline(orders, p):
+    """Each stage runs its ``orders[s]`` (("F" or "B", micro-batch) in turn), each op as soon as
+    the stage is free and its input has arrived: forward i from stage s - 1, backward i from
+    stage s + 1 (the last stage's from its own forward, earlier in its order)."""
+    end = {}                                           # (kind, stage, micro-batch) -> end step
+    free, nxt = [0] * p, [0] * p
+    while any(nxt[s] < len(orders[s]) for s in range(p)):
+        moved = False
+        for s in range(p):
+            while nxt[s] < len(orders[s]):
+                kind, i = orders[s][nxt[s]]
+                dep = (("F", s - 1, i) if s > 0 else None) if kind == "F" else \
+                      ("B", s + 1, i) if s < p - 1 else ("F", s, i)
+                if dep is not None and dep not in end:
+                    break                              # its input is not computed yet
+                end[kind, s, i] = max(free[s], end.get(dep, 0)) + 1
+                free[s], nxt[s], moved = end[kind, s, i], nxt[s] + 1, True
+        if not moved:
+            raise ValueError("orders: a stage waits for an op that never runs")
+    grids = {k: np.full((p, max(end.values())), -1) for k in "FB"}
+    for (kind, s, i), t in end.items():
+        grids[kind][s, t - 1] = i
+    return PipelineSchedule(grids["F"], grids["B"])
+
+
+def gpipe_train_schedule(p, m):
+    """GPipe's training step (Huang et al. 2019): every stage runs the m forwards, then the m
+    backwards. Makespan 2 (m + p - 1), bubble (p - 1)/(m + p - 1); a stage holds all m
+    micro-batches' activations at the turn."""
+    p, m = positive_int(p, "p"), positive_int(m, "m")
+    order = [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+    return _run_pipeline([order] * p, p)
+
+
+def one_f_one_b_schedule(p, m):
+    """The non-interleaved 1F1B schedule (PipeDream-flush, Narayanan et al. 2021, Megatron-LM):
+    stage s runs p - 1 - s forwards to warm up, then alternates one forward and one backward, and
+    ends with the backwards left. The same makespan and bubble as GPipe, but stage s holds at most
+    min(p - s, m) micro-batches' activations instead of m."""
+    p, m = positive_int(p, "p"), positive_int(m, "m")
+    orders = []
     for s in range(p):
-        grid[s, s:s + m] = np.arange(m)
-    return grid
+        warm = min(p - 1 - s, m)
+        steady = [op for j in range(m - warm) for op in (("F", warm + j), ("B", j))]
+        orders.append([("F", i) for i in range(warm)] + steady
+                      + [("B", i) for i in range(m - warm, m)])
+    return _run_pipeline(orders, p)
 
 
 # ---- simulated data parallel and ZeRO ------------------------------------------------------------

@@ -50,9 +50,10 @@ class Answer:
         self._recorder = recorder
 
     def __call__(self, *args, **kwargs):
-        return self._record(args, kwargs, keep_args=False, errstate=None)
+        return self.record(args, kwargs, keep_args=False, errstate=None)
 
-    def _record(self, args, kwargs, keep_args, errstate):
+    def record(self, args, kwargs, keep_args, errstate):
+        """The call, recorded for the student's function to run later (what preln.course's calls do)."""
         return self._recorder.record(self.__name__, args, kwargs, keep_args, errstate)
 
     def __repr__(self):
@@ -74,7 +75,7 @@ class QuestionPlan:
         self.provided = None          # batch index of {earlier answer: reference} (in_place_of)
         self._provided = {}
 
-    # the collector interface of preln.course (_PLAN)
+    # the collector interface of preln.course (installed by preln.course.collecting)
     def record(self, fn, args, kwargs, keep_args, errstate):
         try:
             index = self.batch.add((tuple(args), dict(kwargs)))
@@ -247,16 +248,6 @@ def hidden_region(source):
     return "\n".join(t for _, t in nbtools.regions(source, nbtools.BEGIN_HIDDEN, nbtools.END_HIDDEN))
 
 
-@contextlib.contextmanager
-def _collecting(collector):
-    previous = api._PLAN
-    api._PLAN = collector
-    try:
-        yield
-    finally:
-        api._PLAN = previous
-
-
 def _quiet():
     stack = contextlib.ExitStack()
     stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
@@ -348,7 +339,7 @@ def build_plan(source_path, secret=None):
         for n in plan.answer_names:
             ns[n] = Answer(n, qp)
         try:
-            with _collecting(qp), _quiet(), _reseeded(secret):
+            with api.collecting(qp), _quiet(), _reseeded(secret):
                 exec(compile(hidden, f"<{plan.name} {key} hidden checks>", "exec"), ns)   # noqa: S102
         except PlanError:
             raise
@@ -591,7 +582,7 @@ def _run_calls(qp, namespace, results, call_timeout):
         try:
             with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
                 warnings.simplefilter("ignore")
-                with np.errstate(**call["errstate"]) if call["errstate"] else contextlib.nullcontext():
+                with api.running(call["errstate"]):          # numpy's error state, a line budget
                     value = fn(*args, **kwargs)
         except _Timeout:
             doc = {"kind": "timeout", "message": f"{call_timeout:g} s"}

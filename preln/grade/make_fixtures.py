@@ -28,6 +28,8 @@ book/running.md's threat model lists the attacks. derivation_ops:
   hugo    q3 computed in float64 for a float16 input                -> q3 3 of 4 (dtype)
   One honest slip per other assignment (SLIPS; alice beside it scores full marks):
   dora    derivation_block q5 without the forward on x (the block's stale cache) -> q5 3 of 4
+  nils    derivation_block q3's MLP branch skips the dropout after the activation -> q3 6 of 8
+          (dropout); q4, which calls that branch, keeps its 6 (the grader's branch in its place)
   ruth    preln_vs_postln q2 with eps inside the square root        -> q2 4 of 5 (eps)
   olga    precision q5 does not restart the count when the scale grows -> q5 4 of 5 (growth)
   sven    shape_flow q4 keeps 16-bit statistics in the storage dtype -> q4 4 of 6 (16-bit dtypes)
@@ -35,6 +37,9 @@ book/running.md's threat model lists the attacks. derivation_ops:
   tara    inference q4 attends over the whole preallocated cache -> q4 4 of 6 (garbage past the length)
   ivo     many_devices q1 adds into np.split's views (the inputs) -> q1 3 of 4 (inputs unchanged)
   cora    real_model q4 without S = 1 for a constant group      -> q4 4 of 5 (constant groups)
+  lars    real_model q2 decodes row by row in a Python loop      -> q2 3 of 4 (vectorised)
+  remy    real_model q5 multiplies the codes by x in one broadcast (a float per weight) -> q5 3 of 4
+          (no weight matrix)
   judy    the untouched student notebook                           -> 0
   erin    a truncated, corrupt file                                -> failed
   frank   a notebook whose cell metadata was stripped              -> failed
@@ -668,6 +673,34 @@ SLIPS = {
         e[i] = 1
         J[i] = block.backward(e.reshape(x.shape)).ravel()
     return J''',
+    }), "nils": ("q3", 6, {
+        "q3_preln_backward": '''def attn_branch_backward(da, c, cfg):
+    grads = {}
+    da = dropout_backward(da, c.drop_mask, cfg.dropout)
+    do, grads["self_attn.out_proj.weight"], grads["self_attn.out_proj.bias"] = linear_backward(da, c.out_proj)
+    dq, dk, dv = attention_backward(split_heads(do, cfg.n_heads), c.sdpa)
+    dqkv = np.concatenate([merge_heads(dq), merge_heads(dk), merge_heads(dv)], axis=-1)
+    dh, grads["self_attn.in_proj_weight"], grads["self_attn.in_proj_bias"] = linear_backward(dqkv, c.in_proj)
+    return dh, grads
+
+
+def mlp_branch_backward(dz, c, cfg):
+    grads = {}
+    dz = dropout_backward(dz, c.drop_mask, cfg.dropout)
+    dg, grads["linear2.weight"], grads["linear2.bias"] = linear_backward(dz, c.linear2)
+    du = activation_backward(dg, c.act)                   # the dropout after the activation not undone
+    dh, grads["linear1.weight"], grads["linear1.bias"] = linear_backward(du, c.linear1)
+    return dh, grads
+
+
+def preln_backward(dy, cache, cfg):
+    grads = {}
+    dh, g_mlp = mlp_branch_backward(dy, cache.mlp, cfg)
+    dr, grads["norm2.weight"], grads["norm2.bias"] = layer_norm_backward(dh, cache.ln2)
+    dx1 = dy + dr
+    dh, g_attn = attn_branch_backward(dx1, cache.attn, cfg)
+    dr, grads["norm1.weight"], grads["norm1.bias"] = layer_norm_backward(dh, cache.ln1)
+    return dx1 + dr, {**grads, **g_attn, **g_mlp}''',
     })},
     "preln_vs_postln": {"ruth": ("q2", 4, {
         "q2_adam": '''def adam_step(theta, g, m, v, t, lr, betas=(0.9, 0.98), eps=1e-8):
@@ -750,6 +783,29 @@ SLIPS = {
         q = np.clip(np.rint((wg - lo) / scale), 0, top)
         w_hat = scale * q + lo
     return q.reshape(M, K).astype(np.int64), w_hat.reshape(M, K)''',
+    }), "lars": ("q2", 3, {
+        "q2_q4_1": '''def q4_1_blocks(raw):
+    rows, nbytes = raw.shape
+    if nbytes % 20:
+        raise ValueError(f"raw: expected rows of whole 20-byte Q4_1 blocks; got {nbytes} bytes a row")
+    out = np.empty((rows, nbytes // 20 * 32), np.float32)
+    for r in range(rows):                                  # one row at a time, each vectorised
+        b = raw[r].reshape(-1, 20)
+        d = b[:, 0:2].copy().view(np.float16).astype(np.float32)
+        m = b[:, 2:4].copy().view(np.float16).astype(np.float32)
+        q = np.concatenate([b[:, 4:] & 15, b[:, 4:] >> 4], axis=-1).astype(np.float32)
+        out[r] = (d * q + m).ravel()
+    return out''',
+    }), "remy": ("q5", 3, {
+        "q5_q4_1_matvec": '''def q4_1_matvec(raw, x):
+    rows, nbytes = raw.shape
+    b = raw.reshape(rows, nbytes // 20, 20)
+    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float64)
+    m = b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+    xb = x.astype(np.float64).reshape(-1, 32)
+    q = np.concatenate([b[..., 4:] & 15, b[..., 4:] >> 4], axis=-1)
+    dots = (q * xb).sum(axis=-1)                           # one float64 per weight: as large as W
+    return (d * dots).sum(axis=1) + m @ xb.sum(axis=1)''',
     })},
 }
 

@@ -95,3 +95,19 @@ RING_ALL_REDUCE = code(
     "lambda xs: (lambda P, n, shape: (lambda y: [y[:n].reshape(shape).copy() for _ in range(P)])("
     "np.concatenate(rs([np.concatenate([x.reshape(-1), np.zeros(-n % P, x.dtype)]) for x in xs]))))("
     "len(xs), xs[0].size, xs[0].shape)", rs=RING_REDUCE_SCATTER)
+
+#: derivation_block question 3: the attention branch's backward, da -> (dh, its 4 gradients), from cache.attn
+ATTN_BRANCH_BACKWARD = code(
+    "lambda da, c, cfg: (lambda ops: (lambda do: (lambda dh: (dh[0], {'self_attn.in_proj_weight': dh[1], "
+    "'self_attn.in_proj_bias': dh[2], 'self_attn.out_proj.weight': do[1], 'self_attn.out_proj.bias': do[2]}))("
+    "ops.linear_backward(np.concatenate([ops.merge_heads(t) for t in ops.attention_backward(ops.split_heads("
+    "do[0], cfg.n_heads), c.sdpa)], axis=-1), c.in_proj)))(ops.linear_backward(ops.dropout_backward("
+    "da, c.drop_mask, cfg.dropout), c.out_proj)))(__import__('importlib').import_module('preln.ops'))")
+
+#: derivation_block question 3: the MLP branch's backward, dz -> (dh, its 4 gradients), from cache.mlp
+MLP_BRANCH_BACKWARD = code(
+    "lambda dz, c, cfg: (lambda ops: (lambda z2: (lambda z1: (z1[0], {'linear1.weight': z1[1], "
+    "'linear1.bias': z1[2], 'linear2.weight': z2[1], 'linear2.bias': z2[2]}))(ops.linear_backward("
+    "ops.activation_backward(ops.dropout_backward(z2[0], c.hidden_mask, cfg.dropout), c.act), c.linear1)))("
+    "ops.linear_backward(ops.dropout_backward(dz, c.drop_mask, cfg.dropout), c.linear2)))("
+    "__import__('importlib').import_module('preln.ops'))")

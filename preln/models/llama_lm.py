@@ -184,19 +184,23 @@ class LlamaLM(LanguageModel):
         tokens = np.asarray(tokens)
         if tokens.ndim == 1:                                                        # one sequence
             return self.forward(tokens[None])[0]
+        keep = self.training            # eval: nothing is kept for a backward (only decode's KV cache)
         h, c_emb = self.embed(tokens)                                               # (B, S, D)
         for layer in self.layers:
             h = layer(h)                                                            # (B, S, D)
+            if not keep:
+                layer.drop_cache()      # its activations go as soon as the next layer has its input
         h, c_norm = rms_norm_forward(h, self.own["model.norm.weight"], self.config.eps)
         logits, c_head = self.logits(h)                                             # (B, S, V)
-        self._cache = (c_emb, c_norm, c_head)
+        self._cache = (c_emb, c_norm, c_head) if keep else None
         return logits
 
     __call__ = forward
 
     def backward(self, dlogits):  # (B, S, V) -> None; accumulates into grads
         if self._cache is None:
-            raise RuntimeError("backward: no forward to differentiate; call lm(tokens) first")
+            raise RuntimeError("backward: no forward to differentiate; call lm(tokens) first (in train "
+                               "mode: an eval-mode forward keeps no activations)")
         c_emb, c_norm, c_head = self._cache
         dh, dw, _ = linear_backward(dlogits, c_head)                  # logits = h W_head^T
         self.own_grads["lm_head.weight"] += dw

@@ -196,16 +196,14 @@ class MultiheadAttention(_Branch):
         self.kpm, self.kv = key_padding_mask, kv
 
     def __call__(self, h):  # (B, S, D) -> Attn(h), a Branch of the residual stream
-        b, w, pol = self.block, self.watch, self.policy
-        p, cfg = b.params, b.config
-        qkv, c_in = linear_forward(h, p["self_attn.in_proj_weight"], p["self_attn.in_proj_bias"], pol)
+        b, w, cfg = self.block, self.watch, self.block.config
+        qkv, c_in = b.linear("in_proj")(h)
         w("attn.in_proj", qkv, h)                                                # (B, S, 3D)
         q, k, v = (split_heads(t, cfg.n_heads) for t in np.split(qkv, 3, axis=-1))  # 3 x (B, H, S, d_h)
-        o, c_sdpa = sdpa(q, k, v, self.kpm, cfg.causal, pol, w.scope("attn"), tiled=b.tiled(),
+        o, c_sdpa = sdpa(q, k, v, self.kpm, cfg.causal, self.policy, w.scope("attn"), tiled=b.tiled(),
                          training=b.training, dropout_p=self.p_drop, rng=b.rng, fused=self.fused, kv=self.kv)
         o = merge_heads(o)                                                       # (B, S, D)
-        b_out = p["self_attn.out_proj.bias"] if self.last_bias and not self.fused else None
-        a, c_out = linear_forward(o, p["self_attn.out_proj.weight"], b_out, pol)
+        a, c_out = b.linear("out_proj", bias=self.last_bias and not self.fused)(o)
         w("attn.out_proj", a, o)
         a, mask = dropout_forward(a, self.p_drop, b.rng)                         # dropout1
         self.cache = AttnBlockCache(c_in, c_sdpa, c_out, mask)
@@ -233,19 +231,17 @@ class MLP(_Branch):
         self.keep = keep
 
     def __call__(self, h):  # (B, S, D) -> MLP(h), a Branch of the residual stream
-        b, pol, w = self.block, self.policy, self.watch
-        p, cfg = b.params, b.config
+        b, w, cfg = self.block, self.watch, self.block.config
         if self.fused and cfg.activation == "gelu":                              # bias + GELU in one pass
-            u0, c1 = linear_forward(h, p["linear1.weight"], None, pol)           # (B, S, F)
-            g, c_act = bias_gelu(u0, p["linear1.bias"], self.keep)               # keeps u, Phi(u) to train
+            u0, c1 = b.linear("linear1", bias=False)(h)                          # (B, S, F)
+            g, c_act = bias_gelu(u0, b.params["linear1.bias"], self.keep)               # keeps u, Phi(u) to train
         else:
-            u, c1 = linear_forward(h, p["linear1.weight"], p["linear1.bias"], pol)   # (B, S, F)
+            u, c1 = b.linear("linear1")(h)                                       # (B, S, F)
             w("mlp.linear1", u, h)
             g, c_act = activation_forward(u, cfg.activation)
             w(f"mlp.{cfg.activation}", g, u)
         g, hidden_mask = dropout_forward(g, self.p_drop, b.rng)                  # dropout
-        b2 = p["linear2.bias"] if self.last_bias and not self.fused else None
-        z, c2 = linear_forward(g, p["linear2.weight"], b2, pol)                  # (B, S, D)
+        z, c2 = b.linear("linear2", bias=self.last_bias and not self.fused)(g)   # (B, S, D)
         w("mlp.linear2", z, g)
         z, mask = dropout_forward(z, self.p_drop, b.rng)                         # dropout2
         self.cache = MLPCache(c1, c_act, hidden_mask, c2, mask)
@@ -376,6 +372,12 @@ class TransformerBlock(BlockBase):
                 MultiheadAttention(self, watch, fused, key_padding_mask, kv),
                 LayerNorm(self, "norm2", watch, fused),
                 MLP(self, watch, fused, keep=kv is None))
+
+    def linear(self, name, bias=True):  # -> h (B, S, in) -> (h W^T + b (B, S, out), LinearCache)
+        """The linear layer ``name`` (in_proj, out_proj, linear1, linear2) as a function; ``bias``
+        False leaves its bias to the kernel after it (fused) or to the sum of the shards."""
+        w, b = LINEAR_PARAMS[name]
+        return partial(linear_forward, w=self.params[w], b=self.params[b] if bias else None, policy=self.policy)
 
     def fuses(self):
         """Whether the next forward (or decode) runs the fused kernels: ``fused`` is on, the dtype

@@ -6,13 +6,15 @@ one function for every model family::
     qlm = quantize_model(lm, "gptq", bits=4, group_size=32, calib=ids)
     qlm(ids); qlm.generate(prompt, 16); qlm.weight_nbytes()
 
-``lm`` a :class:`preln.models.lm.TinyLM` -> :class:`WeightOnlyLM`: each of a block's four linears a
-:class:`WeightOnlyLinear` (its dequantised float32 weight and its bias); embeddings, head and
-LayerNorms float32. ``lm`` a :class:`preln.models.llama_lm.LlamaLM` (e.g. SmolLM2 from its GGUF
-file) -> :class:`WeightOnlyLlama`: every linear of every block (q, k, v, o, gate, up, down) and,
-with ``head=True``, the LM head (tied to the embedding in SmolLM2: the embedding's lookup then
-dequantises its rows from the same codes) a :class:`QuantLinear`, with a float32 scale and an
-integer zero point (one byte) per group; RMSNorm gains stay float32.
+Both families are quantised the same way: the model's own block with its linears swapped, through
+the block's ``linear(name)`` hook, for a :class:`QuantLinear` -- a float32 scale and an integer
+zero point (one byte) per group. ``lm`` a :class:`preln.models.lm.TinyLM` -> :class:`WeightOnlyLM`
+of :class:`WeightOnlyBlock` s: a block's four linears quantised (each with its float32 bias);
+embeddings, head and LayerNorms float32. ``lm`` a :class:`preln.models.llama_lm.LlamaLM` (e.g.
+SmolLM2 from its GGUF file) -> :class:`WeightOnlyLlama` of :class:`WeightOnlyLlamaBlock` s: every
+linear of every block (q, k, v, o, gate, up, down) and, with ``head=True``, the LM head (tied to
+the embedding in SmolLM2: the embedding's lookup then dequantises its rows from the same codes)
+quantised; RMSNorm gains stay float32.
 :func:`preln.quant.groups.rtn`, :func:`preln.quant.gptq.gptq` or :func:`preln.quant.awq.awq`
 choose the codes of each matrix (:func:`quantize_tensor`).
 
@@ -30,35 +32,34 @@ matrix is dequantised on the fly to float32 and multiplied by BLAS.
 Calibration (GPTQ, AWQ) is "true sequential" in both families: each linear layer's inputs are
 those of a forward in which every earlier layer (and every earlier linear of its own block) is
 already quantised. AWQ's input scales are kept explicit (x / s before the product); for the
-TinyLM's q, k, v projection its search judges the whole attention sublayer's output (llm-awq's
-module2inspect), else each linear's own output.
+TinyLM's q, k, v projection its search judges the output of the block's own attention sublayer
+(llm-awq's module2inspect), else each linear's own output.
 """
 from __future__ import annotations
 
-import copy
+from typing import NamedTuple
 
 import numpy as np
 
 from preln.models.lm import TinyLM
 from preln.models.llama_lm import LlamaLM
+from preln.nn.block import LINEAR_PARAMS, TransformerBlock
 from preln.nn.llama import LlamaBlock
-from preln.ops import attention_forward, layer_norm_forward, merge_heads, rms_norm_forward, split_heads
+from preln.ops import rms_norm_forward
 from preln.quant.awq import awq
 from preln.quant.gptq import gptq
-from preln.quant.groups import MAX_BITS, SCALE_BYTES, group_size_of, rtn
-from preln.quant.int8 import LINEAR_WEIGHTS, block_forward
+from preln.quant.groups import MAX_BITS, group_size_of, rtn
 from preln.quant.qmatvec import TiledQuant
-from preln.validation import check_bits, check_choice, check_input, check_mask, check_token_ids
+from preln.validation import check_bits, check_choice, check_token_ids
 
 __all__ = ["METHODS", "MATVEC_ROWS", "LINEARS", "QuantLinear", "WeightOnlyLlamaBlock", "WeightOnlyLlama",
-           "WeightOnlyLinear", "WeightOnlyBlock", "WeightOnlyLM", "check_quantize_args", "quantize_tensor",
-           "quantize_model"]
+           "WeightOnlyBlock", "WeightOnlyLM", "check_quantize_args", "quantize_tensor", "quantize_model"]
 
 #: the methods of :func:`quantize_model`
 METHODS = ("rtn", "gptq", "awq")
 
 
-# ---- a quantised Llama: the tiled kernels ------------------------------------------------------
+# ---- the quantised linear and the quantised blocks ----------------------------------------------
 #: inputs of at most this many rows run the fused dequantise-matvec kernel (one pass over the codes
 #: for all rows); larger ones dequantise the matrix and call BLAS (the kernel's arithmetic grows
 #: with the rows, BLAS's per weight falls)
@@ -70,12 +71,12 @@ LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_att
 
 
 class QuantLinear:
-    """y = (x / s) W^^T with W^ = S (q - Z) in groups of ``group_size`` input columns (s = 1 unless
-    AWQ), stored as a :class:`preln.quant.qmatvec.TiledQuant`: codes packed two per byte (bits <= 4)
-    or one per byte (5..8 bits), float32 S, one-byte integer Z, in the row tiles of the decode
-    kernels."""
+    """y = (x / s) W^^T + b with W^ = S (q - Z) in groups of ``group_size`` input columns (s = 1
+    unless AWQ; b: the layer's float32 bias, or None), stored as a
+    :class:`preln.quant.qmatvec.TiledQuant`: codes packed two per byte (bits <= 4) or one per byte
+    (5..8 bits), float32 S, one-byte integer Z, in the row tiles of the decode kernels."""
 
-    def __init__(self, gq, in_scale=None):
+    def __init__(self, gq, in_scale=None, bias=None):
         M, K = gq.q.shape
         q = gq.q.astype(np.int64)
         zero = gq.zero
@@ -87,6 +88,7 @@ class QuantLinear:
         self.packed = gq.bits <= 4
         self.tiled = TiledQuant(q, np.asarray(gq.scale, np.float32), zero, gq.bits, gq.group_size)
         self.in_scale = None if in_scale is None else np.asarray(in_scale, np.float32)   # (K,)
+        self.bias = None if bias is None else np.asarray(bias, np.float32)               # (M,)
 
     @property
     def scale(self):  # (M, G) float32
@@ -99,9 +101,8 @@ class QuantLinear:
     @property
     def nbytes(self):
         """Bytes a product reads: the codes, the float32 scales and one-byte zero points, AWQ's input
-        scales."""
-        extra = 0 if self.in_scale is None else self.in_scale.nbytes
-        return int(self.tiled.nbytes + extra)
+        scales, the bias."""
+        return int(self.tiled.nbytes + sum(a.nbytes for a in (self.in_scale, self.bias) if a is not None))
 
     def dequantize_rows(self, rows=None):  # -> (len(rows) | M, K) float32 W^ (AWQ's 1 / s not applied)
         return self.tiled.dequantize(rows)
@@ -120,27 +121,28 @@ class QuantLinear:
             y = x2 @ self.tiled.dequantize_t()
         else:                                           # memory-bound: one pass over the codes
             y = self.tiled.matmul(x2)
+        if self.bias is not None:
+            y += self.bias
         return y.reshape(*x.shape[:-1], M)
 
 
-class WeightOnlyLlamaBlock(LlamaBlock):
-    """A float32 inference-only :class:`preln.LlamaBlock` whose seven linears are
-    :class:`QuantLinear` s (``self.linears``); ``params`` holds the two RMSNorm gains only."""
+class _QuantBlock:
+    """What a weight-only quantised block adds to its family's float block: float32, inference
+    only, its linears ``self.linears`` ({name: :class:`QuantLinear`}) swapped in through the
+    family's ``linear(name)`` hook; ``params`` holds the norms only (no weight is drawn)."""
 
-    @classmethod
-    def from_block(cls, block, linears):
-        new = copy.copy(block)              # the config and settings, no weights copied
-        new.__class__ = cls
-        new.dtype = np.dtype(np.float32)
-        new.params = {k: v.astype(np.float32) for k, v in block.params.items() if k.endswith("layernorm.weight")}
-        new.grads, new.linears = {}, dict(linears)
-        return new.drop_cache().eval()      # the copy forgets the float block's last forward
+    init_of = staticmethod(lambda config, rng, dtype: {})     # the weights are the QuantLinears
 
-    def fuses(self):
-        return True                         # float32, safe policy: the fused kernels always apply
+    def __init__(self, config, linears, norms, attention="auto"):
+        super().__init__(config, dtype=np.float32, attention=attention)
+        self.params = {k: np.asarray(v, np.float32) for k, v in norms.items()}
+        self.grads, self.linears = {}, dict(linears)
+        self.eval()
 
-    def linear(self, name):  # -> h (B, S, in) -> ((B, S, out) float32, None: no backward)
-        """The block's linear ``name``, swapped for its :class:`QuantLinear`."""
+    def linear(self, name, bias=True):  # -> h (B, S, in) -> ((B, S, out) float32, None: no backward)
+        """The block's linear ``name``, swapped for its :class:`QuantLinear` (which holds the bias)."""
+        if not bias:        # a fused kernel or a shard's sum would add it again
+            raise ValueError(f"bias: a quantised {name} adds its own bias; got bias=False")
         q = self.linears[name]
         return lambda h: (q(h), None)
 
@@ -148,7 +150,16 @@ class WeightOnlyLlamaBlock(LlamaBlock):
         raise RuntimeError("backward: a weight-only quantised block is inference-only")
 
     def weight_nbytes(self):
+        """Bytes stored: the QuantLinears' and the float32 norms'."""
         return sum(l.nbytes for l in self.linears.values()) + sum(v.nbytes for v in self.params.values())
+
+
+class WeightOnlyLlamaBlock(_QuantBlock, LlamaBlock):
+    """A float32 inference-only :class:`preln.LlamaBlock` whose seven linears are
+    :class:`QuantLinear` s (``self.linears``); ``params`` holds the two RMSNorm gains only."""
+
+    def fuses(self):
+        return True                         # float32, safe policy: the fused kernels always apply
 
     def float_params(self):
         """The block's parameters with every linear dequantised (its effective float32 weight)."""
@@ -157,6 +168,12 @@ class WeightOnlyLlamaBlock(LlamaBlock):
         return out
 
 
+class WeightOnlyBlock(_QuantBlock, TransformerBlock):
+    """A float32 inference-only :class:`preln.TransformerBlock` whose four linears are
+    :class:`QuantLinear` s with their biases (``self.linears``); ``params`` holds the LayerNorms."""
+
+    def fuses(self):
+        return False    # the fused kernels add a bias from params: here each QuantLinear adds its own
 class WeightOnlyLlama(LlamaLM):
     """A :class:`preln.models.llama_lm.LlamaLM` of :class:`WeightOnlyLlamaBlock` s (made by
     :func:`quantize_model`): the same ``forward``/``__call__``, ``kv_cache``, ``decode``,
@@ -247,77 +264,36 @@ class WeightOnlyLlama(LlamaLM):
                                   context_length=self.context_length, tensor_types=self.tensor_types)
 
 
-# ---- a quantised TinyLM: dense float32 products --------------------------------------------
-class WeightOnlyLinear:
-    """y = (x / s) W^^T + b, with W^ the dequantised group codes of W diag(s) (s = 1 unless AWQ):
-    float32 arithmetic on weights that are stored in ``bits`` bits."""
+class WeightOnlyLM(TinyLM):
+    """A :class:`preln.models.lm.TinyLM` of :class:`WeightOnlyBlock` s (made by
+    :func:`quantize_model`): the same ``forward``/``__call__``, ``kv_cache``, ``decode``,
+    ``generate``; embeddings, LM head and the final LayerNorm float32."""
 
-    def __init__(self, gq, bias, in_scale=None):
-        self.gq = gq
-        self.in_scale = None if in_scale is None else np.asarray(in_scale, np.float32)   # (K,)
-        self.w_hat = gq.dequantize().astype(np.float32)                                  # (M, K)
-        if self.in_scale is not None:
-            self.w_hat = self.w_hat / self.in_scale                   # (x / s) W^T = x (W^ / s)^T
-        self.bias = np.asarray(bias, np.float32)
-
-    def __call__(self, x):  # (N, K) -> (N, M)
-        return np.asarray(x, np.float32) @ self.w_hat.T + self.bias
-
-    def weight_nbytes(self):
-        """Codes, scales and zero points, AWQ's float16 input scales, the float32 bias."""
-        extra = 0 if self.in_scale is None else self.in_scale.size * SCALE_BYTES
-        return self.gq.nbytes() + extra + self.bias.nbytes
-
-
-class WeightOnlyBlock:
-    """An inference-only block whose four linear layers are :class:`WeightOnlyLinear`."""
-
-    def __init__(self, params, config, linears):
-        self.params = {k: v.astype(np.float32) for k, v in params.items()}
-        self.config, self.linears = config, linears
-
-    def __call__(self, x, key_padding_mask=None):  # (B, S, D) -> (B, S, D) float32
-        x = check_input(x, self.config.d_model, np.float32)              # (B, S, D)
-        kpm = check_mask(key_padding_mask, x.shape)
-        return block_forward(self.params, self.config, x, kpm, lambda name, h: self.linears[name](h))
-
-    def weight_nbytes(self):
-        return sum(l.weight_nbytes() for l in self.linears.values())
-
-
-class WeightOnlyLM:
-    """A :class:`preln.models.lm.TinyLM` whose blocks are :class:`WeightOnlyBlock`; embeddings, LM head
-    and the final LayerNorm stay float32. Maps (B, S) token ids to (B, S, V) logits."""
-
-    def __init__(self, lm, blocks, method, bits, group_size):
-        self.config, self.io = lm.config, lm.io
+    def __init__(self, lm, blocks, method, bits, group_size, symmetric=False):
+        super().__init__(lm.config, dtype=np.float32)   # a tiny float model, its weights replaced here
         self.own = {k: v.astype(np.float32) for k, v in lm.own.items()}
-        self.norm = {k: v.astype(np.float32) for k, v in lm.stack.norm.items()}
-        self.eps = lm.stack.config.eps
-        self.blocks, self.method, self.bits, self.group_size = blocks, method, bits, group_size
+        self.stack.layers = list(blocks)
+        self.stack.norm = {k: v.astype(np.float32) for k, v in lm.stack.norm.items()}
+        self.own_grads, self.stack.norm_grads = {}, {}  # inference only
+        self.method, self.bits, self.group_size, self.symmetric = method, bits, group_size, symmetric
 
-    def __call__(self, tokens):  # (B, S) int -> (B, S, V) float32
-        h, _ = self.io.embed(self.own, tokens)                                       # (B, S, D)
-        for block in self.blocks:
-            h = block(h)
-        if self.norm:
-            h = layer_norm_forward(h, self.norm["weight"], self.norm["bias"], self.eps)[0]
-        return self.io.logits(self.own, h)[0]                                        # (B, S, V)
-
-    forward = __call__
+    @property
+    def blocks(self):
+        return self.stack.layers
 
     def weight_nbytes(self):
-        return sum(b.weight_nbytes() for b in self.blocks)
+        """Bytes of the blocks' linear layers: codes, scales and zero points, AWQ's input scales,
+        the float32 biases (what the chapters compare with the layers in float32)."""
+        return int(sum(l.nbytes for b in self.blocks for l in b.linears.values()))
 
 
-def _attention_output(x, shape, p, cfg):
-    """in_proj's effective weight -> the attention sublayer's output on inputs x (B S, D): what
-    AWQ's search compares for the q, k, v projection."""
+def _attention_output(block, x):
+    """in_proj's effective weight -> the output of ``block``'s own attention sublayer on in_proj's
+    inputs x (B, S, D): what AWQ's search compares for the q, k, v projection (llm-awq's
+    module2inspect). Sets the block's in_proj weight (the caller reloads its parameters)."""
     def output(w_eff):
-        qkv = x.reshape(shape) @ w_eff.T + p["self_attn.in_proj_bias"]            # (B, S, 3D)
-        q, k, v = (split_heads(t, cfg.n_heads) for t in np.split(qkv, 3, axis=-1))  # (B, H, S, d_h)
-        o = merge_heads(attention_forward(q, k, v, None, cfg.causal)[0])           # (B, S, D)
-        return o @ p["self_attn.out_proj.weight"].T + p["self_attn.out_proj.bias"]
+        block.params["self_attn.in_proj_weight"] = w_eff
+        return block.sublayers()[1](x).out                 # Attn(x), its last bias included
     return output
 
 
@@ -347,82 +323,70 @@ def quantize_tensor(method, w, x, bits, group_size, symmetric=False, output=None
     return res.quant, res.scale
 
 
-def _quantize_tiny(lm, method, bits, group_size, calib, symmetric, options):  # -> WeightOnlyLM
-    def quantized(w, b, x, output=None):
-        gq, s = quantize_tensor(method, w, x, bits, group_size, symmetric, output, **options)
-        return WeightOnlyLinear(gq, b, in_scale=s)
+class _Family(NamedTuple):
+    """How :func:`quantize_model` walks one block family: ``stages``, the calibration forward's
+    cache field holding each linear's input and the linears reading it, in the forward's order;
+    ``weight(name)`` and ``bias(name)`` the parameter names of a linear (bias None: it has none);
+    ``block`` the quantised block; ``output(block, name, x)`` what AWQ's search judges (None: the
+    linear's own output)."""
 
-    h = None
-    if method != "rtn":
-        h, _ = lm.io.embed(lm.own, calib, name="calib")                # (B, S, D)
-    blocks = []
-    for layer in lm.stack.layers:
+    stages: tuple
+    weight: object
+    bias: object
+    block: type
+    output: object
+
+
+_FAMILIES = {
+    LlamaBlock: _Family(((lambda c: c.attn.q_proj.x, LINEARS[:3]), (lambda c: c.attn.o_proj.x, LINEARS[3:4]),
+                         (lambda c: c.mlp.gate.x, LINEARS[4:6]), (lambda c: c.mlp.down.x, LINEARS[6:])),
+                        lambda n: f"{n}.weight", lambda n: None, WeightOnlyLlamaBlock,
+                        lambda block, n, x: None),
+    TransformerBlock: _Family(((lambda c: c.attn.in_proj.x, ("in_proj",)), (lambda c: c.attn.out_proj.x, ("out_proj",)),
+                               (lambda c: c.mlp.linear1.x, ("linear1",)), (lambda c: c.mlp.linear2.x, ("linear2",))),
+                              lambda n: LINEAR_PARAMS[n][0], lambda n: LINEAR_PARAMS[n][1], WeightOnlyBlock,
+                              lambda block, n, x: _attention_output(block, x) if n == "in_proj" else None),
+}
+
+
+def _quantize_blocks(layers, h, quantized):  # -> (quantised blocks, the last block's output or None)
+    """Every linear of every block quantised by ``quantized(w, x, output, bias)``; with calibration
+    inputs ``h`` (B, S, D) float64 (None: RTN), true sequential: each stage's inputs come from a
+    float64 forward of the block whose earlier stages are already quantised."""
+    out = []
+    for layer in layers:
+        fam = _FAMILIES[type(layer)]
         p64 = {k: v.astype(np.float64) for k, v in layer.params.items()}
-        linears = {}
-
-        def linear(name, x):          # quantise each linear the first time it runs, from its input
-            w, b = LINEAR_WEIGHTS[name]
-            if name not in linears:
-                out = (_attention_output(x, h.shape, p64, layer.config)
-                       if method == "awq" and name == "in_proj" else None)
-                linears[name] = quantized(p64[w], p64[b], x, out)
-            return linears[name](x).astype(np.float64)
-
-        if h is None:                                                  # RTN: no data needed
-            for name, (w, b) in LINEAR_WEIGHTS.items():
-                linears[name] = quantized(p64[w], p64[b], None)
-        else:                         # true sequential: the next inputs come from quantised layers
-            h = block_forward(p64, layer.config, h, linear=linear)
-        blocks.append(WeightOnlyBlock(p64, layer.config, linears))
-    return WeightOnlyLM(lm, blocks, method, bits, group_size)
-
-
-#: the calibration forward's cache field holding each linear's input, and the linears reading it
-_STAGES = ((lambda c: c.attn.q_proj.x, LINEARS[:3]), (lambda c: c.attn.o_proj.x, LINEARS[3:4]),
-           (lambda c: c.mlp.gate.x, LINEARS[4:6]), (lambda c: c.mlp.down.x, LINEARS[6:]))
-
-
-def _quantize_llama(lm, method, bits, group_size, calib, symmetric, head, options):  # -> WeightOnlyLlama
-    if bits < 2:
-        raise ValueError(f"bits: expected 2..{MAX_BITS} (a zero point and at least 4 levels); got {bits}")
-    cfg = lm.config
-    for K in sorted({cfg.d_model, cfg.d_ff}):          # every K, checked before any work
-        group_size_of(K, group_size)
-    if group_size is not None and group_size % 2 and bits <= 4:
-        raise ValueError(f"group_size: expected an even group size for {bits}-bit codes packed two per "
-                         f"byte; got {group_size}")
-
-    def quantized(w, x):
-        gq, s = quantize_tensor(method, w, x, bits, group_size, symmetric, **options)
-        return QuantLinear(gq, in_scale=s)
-
-    h = None
-    if method != "rtn":
-        calib = check_token_ids(np.atleast_2d(np.asarray(calib)), cfg.vocab_size, "calib")
-        h = lm.own["model.embed_tokens.weight"][calib].astype(np.float64)              # (B, S, D)
-    layers = []
-    for layer in lm.layers:
-        p64 = {k: v.astype(np.float64) for k, v in layer.params.items()}
+        bias = lambda n: None if fam.bias(n) is None else p64[fam.bias(n)]
         linears = {}
         if h is None:
-            linears = {n: quantized(p64[f"{n}.weight"], None) for n in LINEARS}
-        else:                  # true sequential: each stage's inputs from the quantised stages before
-            block = LlamaBlock(layer.config, dtype=np.float64, seed=0).eval()
-            for inputs, names in _STAGES:
+            linears = {n: quantized(p64[fam.weight(n)], None, None, bias(n)) for _, names in fam.stages for n in names}
+        else:
+            block = type(layer)(layer.config, dtype=np.float64, seed=0, attention=layer.attention).eval()
+            for inputs, names in fam.stages:
                 block.load_state_dict(p64)
                 block.forward(h)
                 x = inputs(block.cache)
                 for n in names:
-                    linears[n] = quantized(p64[f"{n}.weight"], x)
-                    p64[f"{n}.weight"] = linears[n].dequantize().astype(np.float64)
+                    linears[n] = quantized(p64[fam.weight(n)], x, fam.output(block, n, x), bias(n))
+                    p64[fam.weight(n)] = linears[n].dequantize().astype(np.float64)
             block.load_state_dict(p64)
             h = block.forward(h)
-        layers.append(WeightOnlyLlamaBlock.from_block(layer, linears))
-    q_head = None
-    if head:
-        x = None if h is None else rms_norm_forward(h, lm.own["model.norm.weight"].astype(np.float64), cfg.eps)[0]
-        q_head = quantized(lm.own["lm_head.weight"], x)
-    return WeightOnlyLlama.of(lm, layers, q_head, method, bits, group_size, bool(symmetric))
+        swapped = {fam.weight(n) for n in linears} | {fam.bias(n) for n in linears}
+        norms = {k: v for k, v in layer.params.items() if k not in swapped}
+        out.append(fam.block(layer.config, linears, norms, attention=layer.attention))
+    return out, h
+
+
+def _check_grid(K_all, bits, group_size):
+    """The tiled kernels' grid: bits 2..8, a group size dividing every K, even when packed."""
+    if bits < 2:
+        raise ValueError(f"bits: expected 2..{MAX_BITS} (a zero point and at least 4 levels); got {bits}")
+    for K in sorted(set(K_all)):          # every K, checked before any work
+        group_size_of(K, group_size)
+    if group_size is not None and group_size % 2 and bits <= 4:
+        raise ValueError(f"group_size: expected an even group size for {bits}-bit codes packed two per "
+                         f"byte; got {group_size}")
 
 
 def quantize_model(lm, method="rtn", bits=4, group_size=None, calib=None, symmetric=False, head=None, **options):
@@ -430,18 +394,34 @@ def quantize_model(lm, method="rtn", bits=4, group_size=None, calib=None, symmet
 
     lm: a :class:`preln.models.lm.TinyLM` -> :class:`WeightOnlyLM`, or a float
     :class:`preln.models.llama_lm.LlamaLM` -> :class:`WeightOnlyLlama`. method: "rtn", "gptq" or
-    "awq". bits: 2..8 for a Llama (<= 4 packed two codes per byte), 1..8 for a TinyLM. group_size:
-    input columns per group, dividing every matrix's K, or None (one group per output row).
+    "awq". bits: 2..8 (<= 4 packed two codes per byte). group_size: input columns per group, even
+    below 5 bits, dividing every matrix's K, or None (one group per output row).
     calib: (B, S) token ids, needed by GPTQ and AWQ. head: quantise the LM head too -- a Llama's
     (None: yes; a tied embedding then reads its rows from the head's codes); a TinyLM's head stays
     float32 (None or False). options: GPTQ's ``block_size`` and ``damp``, AWQ's ``n_grid``.
     """
     bits = check_quantize_args(method, bits, calib, options, "quantize_model")
-    if isinstance(lm, LlamaLM) and not isinstance(lm, WeightOnlyLlama):
-        return _quantize_llama(lm, method, bits, group_size, calib, symmetric, head is None or head, options)
-    if isinstance(lm, TinyLM):
-        if head:
-            raise ValueError(f"head: a TinyLM's head stays float32 (expected None or False); got {head!r}")
-        return _quantize_tiny(lm, method, bits, group_size, calib, symmetric, options)
-    raise TypeError(f"lm: expected a preln.models.lm.TinyLM or a float preln.models.llama_lm.LlamaLM; "
-                    f"got {type(lm).__name__}")
+    llama = isinstance(lm, LlamaLM) and not isinstance(lm, WeightOnlyLlama)
+    if not (llama or isinstance(lm, TinyLM) and not isinstance(lm, WeightOnlyLM)):
+        raise TypeError(f"lm: expected a preln.models.lm.TinyLM or a float preln.models.llama_lm.LlamaLM; "
+                        f"got {type(lm).__name__}")
+    if not llama and head:
+        raise ValueError(f"head: a TinyLM's head stays float32 (expected None or False); got {head!r}")
+    _check_grid((lm.config.d_model, lm.config.d_ff), bits, group_size)
+
+    def quantized(w, x, output=None, bias=None):
+        gq, s = quantize_tensor(method, w, x, bits, group_size, symmetric, output, **options)
+        return QuantLinear(gq, in_scale=s, bias=bias)
+
+    h = None
+    if method != "rtn":
+        calib = check_token_ids(np.atleast_2d(np.asarray(calib)), lm.config.vocab_size, "calib")
+        h = lm.io.embed(lm.own, calib, name="calib")[0].astype(np.float64)            # (B, S, D)
+    layers, h = _quantize_blocks(lm.layers if llama else lm.stack.layers, h, quantized)
+    if not llama:
+        return WeightOnlyLM(lm, layers, method, bits, group_size, bool(symmetric))
+    q_head = None
+    if head is None or head:
+        x = None if h is None else rms_norm_forward(h, lm.own["model.norm.weight"].astype(np.float64), lm.config.eps)[0]
+        q_head = quantized(lm.own["lm_head.weight"], x)
+    return WeightOnlyLlama.of(lm, layers, q_head, method, bits, group_size, bool(symmetric))

@@ -180,45 +180,53 @@ def plot_layernorm_thresholds(ds, empirical):
     return set_alt(fig, short_alt(alt), description)
 
 
-def plot_overflow_map(dtype="float16", policy="naive", d=64):
-    """Where the residual stream of a Pre-LN stack stops being finite: input rms x depth.
+def plot_overflow_map(dtype="float16", policy="naive", depth=1):
+    """Where the residual stream of a Pre-LN stack stops being finite: input rms x model width,
+    after block ``depth``.
 
-    Reads the stored grid (:func:`preln.chapters.numerics.stored_overflow_grid`, which the chapter and the
-    tests check against :func:`preln.chapters.numerics.overflow_grid`); the line is the closed form.
+    Reads the stored grids (:func:`preln.chapters.numerics.overflow_map`, which the chapter and the
+    tests check against :func:`preln.chapters.numerics.overflow_grid`); the line is the closed form
+    sqrt(65520 / D), a diagonal on these log axes.
     """
-    grid = numerics.stored_overflow_grid(dtype, policy, d)           # (depth, n_scales)
-    scales = np.log2(numerics.GRID_SCALES)
+    grid = numerics.overflow_map(dtype, policy, depth)               # (widths, n_scales)
+    scales, widths = np.log2(numerics.GRID_SCALES), np.log2(numerics.GRID_D)
     fig = Figure(figsize=(6.0, 3.6))
     ax = fig.add_subplot()
     cmap = ListedColormap(STATUS_COLOURS)
     norm = BoundaryNorm(np.arange(-0.5, 4.5), cmap.N)
     step = scales[1] - scales[0]
     ax.imshow(grid, origin="lower", aspect="auto", cmap=cmap, norm=norm, interpolation="nearest",
-              extent=(scales[0] - step / 2, scales[-1] + step / 2, 0.5, grid.shape[0] + 0.5))
-    s_ln = 0.5 * math.log2(65520.0 / d)
-    ax.axvline(s_ln, color=BLACK, lw=1.2, ls="--")
-    ax.text(s_ln + 0.15, grid.shape[0] * 0.92, "$\\sqrt{65520/D}$", fontsize=9)
+              extent=(scales[0] - step / 2, scales[-1] + step / 2, widths[0] - 0.5, widths[-1] + 0.5))
+    # d * rms^2 = 65520: log2 rms = (log2 65520 - log2 d) / 2
+    y = np.array([widths[0] - 0.5, widths[-1] + 0.5])
+    ax.plot(0.5 * (math.log2(65520.0) - y), y, color=BLACK, lw=1.2, ls="--")
+    ax.text(0.5 * (math.log2(65520.0) - y[1]) + 0.3, widths[-1] + 0.1, "$\\sqrt{65520/D}$",
+            fontsize=9)
+    ax.set_yticks(widths, [str(d) for d in numerics.GRID_D])
     ax.set_xlabel("log$_2$ input rms")
-    ax.set_ylabel("depth (blocks applied)")
-    ax.set_title(f"{dtype}, {policy} policy, D = {d}", fontsize=11)
+    ax.set_ylabel("model width $D$")
+    ax.set_title(f"{dtype}, {policy} policy, after block {depth}", fontsize=11)
     ax.grid(False)
     handles = [Patch(facecolor=c, edgecolor=BLACK, lw=0.8, label=lab) for c, lab in zip(STATUS_COLOURS, numerics.STATUS)]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
     return fig
 
 
-def overflow_map_alt(dtype="float16", policy="naive", d=64):
+def overflow_map_alt(dtype="float16", policy="naive", depth=1):
     """Alt text for one frame of the overflow map, from the grid it shows."""
-    grid = numerics.stored_overflow_grid(dtype, policy, d)
-    scales = numerics.GRID_SCALES
+    grid = numerics.overflow_map(dtype, policy, depth)
+    scales, widths = numerics.GRID_SCALES, numerics.GRID_D
     parts = []
-    for k, name in enumerate(numerics.STATUS):
-        cols = np.where((grid == k).any(axis=0))[0]
-        if cols.size:
-            parts.append(f"{name} for input rms {scales[cols[0]]:g} to {scales[cols[-1]]:g}")
-    return (f"Heat map of input rms (x, log scale 1 to 32768) against depth 1 to {grid.shape[0]} "
-            f"for a {dtype} Pre-LN stack with the {policy} policy at D = {d}: " + "; ".join(parts)
-            + f". The dashed line marks sqrt(65520/D) = {math.sqrt(65520.0 / d):.3g}.")
+    for k, name in enumerate(numerics.STATUS[1:], start=1):
+        first = [int(np.argmax(row == k)) if (row == k).any() else None for row in grid]
+        if any(f is not None for f in first):
+            parts.append(f"{name} from input rms "
+                         + ", ".join(f"{sig(scales[f], 3)} at D = {d}" for d, f in zip(widths, first)
+                                     if f is not None))
+    return (f"Heat map of input rms (x, log scale 1 to 32768) against model width D = "
+            f"{widths[0]} to {widths[-1]} (y) for a {dtype} Pre-LN stack with the {policy} policy, "
+            f"after block {depth}: " + ("; ".join(parts) if parts else "finite everywhere")
+            + ". The dashed diagonal marks sqrt(65520/D).")
 
 
 def plot_stream_growth(curves, widths, xavier=None):
@@ -353,5 +361,5 @@ def plot_dynamic_scaling(run, grad_rms):
 EXPLORABLES = {
     "overflow_map": (plot_overflow_map, {"dtype": control("number format", numerics.GRID_DTYPES),
                                          "policy": control("precision policy", numerics.GRID_POLICIES),
-                                         "d": control("model width D", numerics.GRID_D)}),
+                                         "depth": control("blocks applied", numerics.MAP_DEPTHS)}),
 }
