@@ -126,16 +126,16 @@ def test_padded_query_rows_are_computed_like_any_other_row(rng, block_factory):
 
 def test_product_card_self_test(rng):
     """The one-liner ``PreLNTransformerBlock(d_model=16).forward(x)`` is the block its docstring
-    promises: Pre-LN, default_heads(D) heads, d_ff = 4 D, float64, seed 0 -- bit for bit the block
+    promises: Pre-LN, default_heads(D) heads, d_ff = 4 D, float32, seed 0 -- bit for bit the block
     configured by hand -- and its output is not the input passed through."""
     x = rng.standard_normal((2, 4, 16))
     card = PreLNTransformerBlock(d_model=16)
     y = card.forward(x)
     cfg = card.config
     assert (cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.norm_first) == (16, default_heads(16), 64, True)
-    assert y.dtype == np.float64 and y.shape == x.shape
+    assert y.dtype == np.float32 and y.shape == x.shape
     by_hand = TransformerBlock(BlockConfig(d_model=16, n_heads=default_heads(16), d_ff=64, norm_first=True),
-                               dtype=np.float64, seed=0)
+                               dtype=np.float32, seed=0)
     np.testing.assert_array_equal(y, by_hand(x))
     assert np.abs(y - x).max() > 0.1       # both branches add something at PyTorch's initialisation
 
@@ -238,31 +238,33 @@ def test_eval_with_dropout_config_equals_train_backward_without_dropout(rng, blo
         assert scaled_error(block.grads[k], reference.grads[k]) < SAME_F64, k
 
 
-# ---- one set of equations, many parts -------------------------------------------------------------
-#: the block's float64 eval forward vs the same equations over the reference parts (plain attention
-#: in both): the same ops in the same order, so round-off only
-PARTS_TOL = 1e-13
-
-
+# ---- one forward, swapped components ------------------------------------------------------------
 @pytest.mark.parametrize("norm_first", [True, False])
-def test_reference_parts_with_identity_linears_equal_the_block(norm_first, rng):
-    """block_equations over Reference parts (the quantised and paged variants' base) computes the
-    TransformerBlock's own forward when its linear part is the float h W^T + b."""
-    from preln.nn.base import block_equations
-    from preln.nn.block import LINEAR_PARAMS, Reference
+def test_block_forward_with_a_swapped_linear_is_the_blocks_own_forward(norm_first, rng):
+    """int8.block_forward (the quantised variants' float reference) is TransformerBlock.forward
+    with its linears swapped: given the block's own linear it is the op-by-op block bit for bit,
+    it calls the four linears in the forward's order, and it records every named intermediate."""
+    from preln.ops import linear_forward
+    from preln.quant.int8 import block_forward
+    from preln.nn.block import LINEAR_PARAMS
     cfg = BlockConfig(d_model=16, n_heads=2, d_ff=32, norm_first=norm_first, causal=True)
     b = TransformerBlock(cfg, dtype=np.float64, seed=1, attention="plain", fused=False).eval()
     x = rng.standard_normal((2, 5, 16))
-    calls = []
+    calls, rec = [], {}
 
     def linear(name, h):
         calls.append(name)
         w, bias = LINEAR_PARAMS[name]
-        return h @ b.params[w].T + b.params[bias]
+        return linear_forward(h, b.params[w], b.params[bias])[0]
 
-    y, _ = block_equations(x, Reference(b.params, cfg, linear), norm_first)
+    y = block_forward(b.params, cfg, x, linear=linear, record=rec)
     assert calls == ["in_proj", "out_proj", "linear1", "linear2"]
-    assert rel_error(y, b(x)) < PARTS_TOL
+    assert np.array_equal(y, b(x))
+    order = ["ln1", "in_proj", "attn", "out_proj", "residual1", "ln2", "linear1", "act", "linear2", "y"]
+    if not norm_first:          # Post-LN: the attention reads x, the norm follows the residual
+        order = ["in_proj", "attn", "out_proj", "residual1", "ln1", "linear1", "act", "linear2", "ln2", "y"]
+    assert list(rec) == order
+    assert np.array_equal(rec["residual1"], x + rec["out_proj"])
 
 
 def test_mode_must_be_a_bool(block_factory):

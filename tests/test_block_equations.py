@@ -193,3 +193,31 @@ def test_one_attention_core_and_the_quantised_block_swaps_only_its_linears():
     for cls in (gq.WeightOnlyLlamaBlock, gq.WeightOnlyBlock):     # what weight_only's classes add
         own = {k for c in cls.__mro__ if c.__module__ == gq.__name__ for k in vars(c)}
         assert "linear" in own and not own & {"forward", "sublayers", "decode"}, cls.__name__
+
+
+def test_the_int8_reference_and_the_paged_step_run_the_blocks_forward(monkeypatch):
+    """The INT8 chapter's op-by-op reference swaps the block's linears, the paged server swaps its
+    attention core for the pool (a KV store's ``attend``): both run TransformerBlock.forward, once
+    a block, and neither module states a sublayer of its own."""
+    import preln.nn.base as base
+    import preln.nn.block as block_module
+    import preln.quant.int8 as int8
+    import preln.serve.paged as paged
+    from preln.models.lm import LMConfig, TinyLM
+
+    runs = []
+    forward = TransformerBlock.forward
+    monkeypatch.setattr(TransformerBlock, "forward", lambda self, *a: runs.append(self) or forward(self, *a))
+    block = TransformerBlock(BlockConfig(d_model=8, n_heads=2, d_ff=16), dtype=np.float64).eval()
+    int8.block_forward(block.params, block.config, np.ones((1, 3, 8)))
+    assert len(runs) == 1
+    lm = TinyLM(LMConfig(vocab_size=5, max_len=8, d_model=8, n_heads=2, d_ff=16, n_layers=2), seed=1).eval()
+    cache = paged.PagedKVCache(2, 4, 4, 2, 4, lm.dtype)
+    cache.add("a")
+    paged.paged_forward(lm, cache, [("a", np.array([1, 2, 3]))])
+    assert runs[1:] == lm.stack.layers                         # each layer's own forward, in order
+    assert not hasattr(block_module, "Reference") and not hasattr(base, "block_equations")
+    restated = ("split_heads(", "attention_forward(", "activation_forward(", "linear_forward(")
+    for part in (int8, paged):
+        src = inspect.getsource(part)
+        assert not any(k in src for k in restated), part.__name__

@@ -98,7 +98,8 @@ def test_loss_curves_name_bad_input(args, match):
 
 
 def test_round_params_makes_the_recipes_model():
-    lm = TinyLM(LMConfig(vocab_size=7, max_len=8, d_model=8, n_heads=2, d_ff=16, n_layers=2), seed=3)
+    lm = TinyLM(LMConfig(vocab_size=7, max_len=8, d_model=8, n_heads=2, d_ff=16, n_layers=2), dtype=np.float64,
+                seed=3)
     D = lm.config.d_model
     rng = np.random.default_rng(0)
     for w in lm.params.values():                 # as after training: every value off the float32 grid

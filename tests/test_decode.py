@@ -196,7 +196,7 @@ def test_decode_errors_are_clear(rng):
 @pytest.mark.parametrize("norm_first", [True, False], ids=["preln", "postln"])
 def test_stack_decode_equals_forward(norm_first, rng):
     cfg = BlockConfig(d_model=D, n_heads=H, d_ff=F, causal=True, norm_first=norm_first)
-    stack = TransformerStack(cfg, 3, seed=1).eval()
+    stack = TransformerStack(cfg, 3, dtype=np.float64, seed=1).eval()
     x = rng.standard_normal((2, 10, D))
     kv = stack.kv_cache(2, 12)
     assert isinstance(kv, StackKVCache) and len(kv) == 3 and kv.length == 0
@@ -223,13 +223,13 @@ def test_stack_decode_errors(rng):
 # ---- the tiny LM -----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def lm():
-    return TinyLM(LMConfig(vocab_size=20, max_len=24, d_model=16, n_heads=2, d_ff=32), seed=3)
+    return TinyLM(LMConfig(vocab_size=20, max_len=24, d_model=16, n_heads=2, d_ff=32), dtype=np.float64, seed=3)
 
 
 @pytest.mark.parametrize("norm_first", [True, False], ids=["preln", "postln"])
 def test_lm_decode_logits_equal_forward(norm_first, rng):
     model = TinyLM(LMConfig(vocab_size=20, max_len=24, d_model=16, n_heads=2, d_ff=32,
-                            norm_first=norm_first), seed=1).eval()
+                            norm_first=norm_first), dtype=np.float64, seed=1).eval()
     tokens = rng.integers(0, 20, (2, 15))
     kv = model.kv_cache(2)
     assert kv.max_len == 24

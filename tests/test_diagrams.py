@@ -260,10 +260,10 @@ def test_the_block_at_a_glance_is_the_default_block():
     assert f"H = {cfg.n_heads} heads of dₕ = {cfg.d_head}" in words
     assert [w for w in words if "LayerNorm" in w] == ["LN₁: LayerNorm", "LN₂: LayerNorm"]
     assert words.count("+") == 2 and words.count("identity") == 2       # two residual adds
-    # the intro and the front page show it; the old hand-drawn strip is gone
+    # the intro, the site's front page, shows it; the old hand-drawn strip is gone
     assert not (ROOT / "book" / "preln_block.svg").exists()
-    site = (ROOT / "book" / "_ext" / "preln_site.py").read_text(encoding="utf-8")
-    assert '"book/diagrams/preln_block.svg"' in site
+    intro = (ROOT / "book" / "intro.md").read_text(encoding="utf-8")
+    assert "```{figure} diagrams/preln_block.svg" in intro
 
 
 def test_flash_loops_number_the_package_s_tiles_in_each_order():

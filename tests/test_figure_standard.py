@@ -299,6 +299,10 @@ def _fixed_static_figures():
     from preln.chapters.figures import many_devices as md
 
     yield "many_devices.tp_times", lambda: md.plot_tp_times("Llama 2 7B", 4096)
+    yield "many_devices.schedule", lambda: md.plot_schedule(4, 8)
+    from preln.chapters import numerics
+
+    yield "precision.number_line", lambda: prec.plot_number_line(numerics.format_rows())
     from preln.chapters.figures import derivation as dv
     from preln.chapters.figures import preln_vs_postln as pvp
     from test_figures_alt_numerics import _dynamic_run
@@ -379,3 +383,17 @@ def test_every_static_figure_has_a_numbered_caption():
             if shows and not (figure.get("caption", "").strip() and figure.get("name")):
                 missing.append(f"{path.name} cell {i}")
     assert missing == []
+
+
+def test_the_number_line_draws_each_format_in_its_colour():
+    """One colour per dtype across the book: the number line's bars take viz.DTYPE_COLOURS, not
+    the palette in the order of the rows (float8 formats are fp8's colour)."""
+    from preln.chapters import numerics
+    from preln.chapters.figures import precision as prec
+
+    rows = numerics.format_rows()
+    ax = prec.plot_number_line(rows).axes[0]
+    solid = [p for p in ax.patches if p.get_alpha() is None]       # the normal range of each row
+    assert [to_hex(p.get_facecolor(), keep_alpha=False) for p in solid] == \
+        [to_hex(viz.series_colour("fp8" if r["name"].startswith("float8") else r["name"])) for r in rows]
+    assert to_hex(prec.dtype_colour("float16")) == to_hex(viz.DTYPE_COLOURS["float16"])

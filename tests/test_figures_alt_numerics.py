@@ -70,8 +70,14 @@ def test_preln_vs_postln_figures_say_what_their_data_shows():
     L = np.array([4, 8, 16])
     alt, description = _closed_words(figs.plot_theorem1(L, 2 / np.sqrt(L), np.full(3, 3.0),
                                                   {"pre": (-0.5, 2.0), "post": (0.0, 3.0)}, 0.1 + 0 * L, 0.2 * L))
-    assert "falls as L^−0.50 (1 to 0.5)" in alt and "stays level as L^0.00 (3 to 3)" in alt
-    assert "exponent 1.00, above the one-position 0.00" in description
+    assert "falls as L^−0.50 (1 to 0.5)" in alt and "stays level as L^0 (3 to 3)" in alt
+    assert "exponent 1.00, above the one-position 0" in description
+    # a fitted slope that rounds to zero reads as flat, never as a negative zero
+    fig = figs.plot_theorem1(L, 2 / np.sqrt(L), np.full(3, 3.0), {"pre": (-0.5, 2.0), "post": (-0.003, 3.0)})
+    labels = [ln.get_label() for ln in fig.axes[0].get_lines()]
+    assert "Post-LN fit: flat, $\\propto L^{0}$" in labels and "Pre-LN fit: $\\propto L^{-0.50}$" in labels
+    alt, _ = _closed_words(fig)
+    assert "stays level as L^0 (3 to 3)" in alt and "0.00" not in alt
 
     up, down = np.linspace(0.1, 0.5, 6), np.linspace(0.5, 0.25, 6)
     alt, _ = _closed_words(figs.plot_fig3a(down, up, down, up))

@@ -17,7 +17,7 @@ def _figures():
     yield "accumulators", figs.plot_accumulators(Ks, [0.1, 0.3, 0.6, 0.8], [0, 0.2, 0.5, 0.9], [0] * 4), \
         ["int16 80 %", "float32 is exact"]
     yield "ops", figs.plot_op_errors(["ln1", "in_proj", "y"], {"a": [1e-7, 1e-2, 2e-2], "b": [1e-7, 1e-3, 3e-3]}), \
-        ["jumps at in_proj", "a highest, b lowest"]
+        ["jumps at the Q, K, V projection", "a highest, b lowest"]
     before, after = np.full(8, 2.0), np.full(8, 2.0)
     after[[1, 5]] = 64.0
     yield "outliers", figs.plot_outlier_channels(before, after, [1, 5]), ["channels 1, 5 reach 64;", "at most 2."]

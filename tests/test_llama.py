@@ -130,7 +130,7 @@ def test_gqa_is_mha_with_repeated_key_value_weights(n_kv, rng):
     gqa = make(n_kv)
     cfg = gqa.config
     G, dh = cfg.n_groups, cfg.d_head
-    mha = LlamaBlock(LlamaConfig(d_model=D, n_heads=H, n_kv_heads=H, d_ff=F, rope_theta=100.0))
+    mha = LlamaBlock(LlamaConfig(d_model=D, n_heads=H, n_kv_heads=H, d_ff=F, rope_theta=100.0), dtype=np.float64)
     sd = gqa.state_dict()
     for name in ("self_attn.k_proj.weight", "self_attn.v_proj.weight"):
         sd[name] = np.repeat(sd[name].reshape(n_kv, dh, D), G, axis=0).reshape(H * dh, D)

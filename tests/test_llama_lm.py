@@ -27,7 +27,7 @@ TINY = LlamaLMConfig(vocab_size=7, d_model=8, n_heads=2, n_kv_heads=1, d_ff=12, 
 
 
 def test_every_gradient(rng):
-    lm = LlamaLM(TINY, seed=1)
+    lm = LlamaLM(TINY, dtype=np.float64, seed=1)
     tokens = rng.integers(0, 7, (2, 5))
     targets = rng.integers(0, 7, (2, 5))
     _, grads = lm.loss_and_grads(tokens, targets)
@@ -46,7 +46,7 @@ def test_every_gradient(rng):
 
 
 def test_decode_equals_forward_past_the_trained_length(rng):
-    lm = LlamaLM(TINY, seed=2).eval()
+    lm = LlamaLM(TINY, dtype=np.float64, seed=2).eval()
     tokens = rng.integers(0, 7, (2, 11))
     full = lm(tokens)
     kv = lm.kv_cache(2, 11)
@@ -72,7 +72,7 @@ def test_bad_input():
 def test_an_eval_forward_keeps_nothing_for_a_backward(rng):
     """Eval mode: the same logits (its tiled attention sums in another order), no block or LM keeps its activations (a 256-token forward of
     SmolLM2 kept 251 MiB), and a backward says why it cannot run; train mode keeps them."""
-    lm = LlamaLM(TINY, seed=3)
+    lm = LlamaLM(TINY, dtype=np.float64, seed=3)
     tokens = rng.integers(0, 7, (2, 5))
     train_logits = lm(tokens)
     assert all(layer.cache_nbytes() > 0 for layer in lm.layers)

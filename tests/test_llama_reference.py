@@ -228,7 +228,7 @@ def test_llama_lm_matches_llama_for_causal_lm():
     from preln.models.llama_lm import LlamaLM, LlamaLMConfig
     cfg = LlamaLMConfig(vocab_size=11, d_model=16, n_heads=4, n_kv_heads=2, d_ff=24, n_layers=2,
                         rope_theta=THETA, eps=EPS)
-    lm = LlamaLM(cfg, seed=0)
+    lm = LlamaLM(cfg, dtype=np.float64, seed=0)
     hcfg = hf_config(cfg.block_config())
     hcfg.vocab_size, hcfg.num_hidden_layers = cfg.vocab_size, cfg.n_layers
     model = modeling_llama.LlamaForCausalLM(hcfg).to(torch.float64)

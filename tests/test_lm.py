@@ -62,7 +62,7 @@ def test_embedding_backward_scatter_adds():
 def test_lm_end_to_end_gradients(norm_first, tie):
     cfg = LMConfig(vocab_size=6, max_len=5, d_model=8, n_heads=2, d_ff=12, n_layers=2,
                    norm_first=norm_first, tie_weights=tie, activation="gelu")
-    lm = TinyLM(cfg, seed=4)
+    lm = TinyLM(cfg, dtype=np.float64, seed=4)
     rng = np.random.default_rng(3)
     tokens, targets = rng.integers(0, 6, (2, 4)), rng.integers(0, 6, (2, 4))
     loss, grads = lm.loss_and_grads(tokens, targets)
@@ -82,7 +82,8 @@ def test_lm_end_to_end_gradients(norm_first, tie):
 
 
 def test_lm_is_causal():
-    lm = TinyLM(LMConfig(vocab_size=6, max_len=6, d_model=8, n_heads=2, d_ff=12, n_layers=2), seed=0)
+    lm = TinyLM(LMConfig(vocab_size=6, max_len=6, d_model=8, n_heads=2, d_ff=12, n_layers=2), dtype=np.float64,
+                seed=0)
     a = np.array([[1, 2, 3, 4, 5, 0]])
     b = a.copy(); b[0, 4:] = [0, 1]
     np.testing.assert_allclose(lm(a)[:, :4], lm(b)[:, :4], atol=1e-13)

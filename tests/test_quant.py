@@ -317,12 +317,13 @@ def test_quantized_block_float32_source_and_mask():
 
 def test_stack_and_lm():
     cfg = BlockConfig(d_model=16, n_heads=2, d_ff=32, causal=True)
-    stack = TransformerStack(cfg, 3, seed=0).eval()
+    stack = TransformerStack(cfg, 3, dtype=np.float64, seed=0).eval()
     x = np.random.default_rng(4).standard_normal((2, 6, 16))
     for scheme in ("w8a8", "smoothquant"):
         qs = quant.quantize_block(stack, scheme, x)
         assert len(qs.layers) == 3 and rel(qs(x), stack(x)) < QUANT_MARGIN * STACK_ERR[scheme]
-    lm = TinyLM(LMConfig(vocab_size=11, max_len=8, d_model=16, n_heads=2, d_ff=32), seed=0).eval()
+    lm = TinyLM(LMConfig(vocab_size=11, max_len=8, d_model=16, n_heads=2, d_ff=32), dtype=np.float64,
+                seed=0).eval()
     tokens = np.random.default_rng(5).integers(0, 11, (3, 8))
     ql = quant.quantize_block(lm, "llm.int8", tokens, threshold=LLM_INT8_THRESHOLD)
     assert rel(ql(tokens), lm(tokens)) < QUANT_MARGIN * LM_ERR["llm.int8"]
@@ -345,7 +346,8 @@ def test_inject_outliers_keeps_the_function():
     h = np.abs(rec["ln1"]).max(axis=(0, 1))                     # LN output magnitude per channel
     assert h[[2, 9]].min() > 10 * np.delete(h, [2, 9]).max()
     np.testing.assert_array_equal(block(x), ref)                # the original is untouched
-    lm = TinyLM(LMConfig(vocab_size=11, max_len=8, d_model=16, n_heads=2, d_ff=32), seed=0).eval()
+    lm = TinyLM(LMConfig(vocab_size=11, max_len=8, d_model=16, n_heads=2, d_ff=32), dtype=np.float64,
+                seed=0).eval()
     tokens = np.arange(16).reshape(2, 8) % 11
     np.testing.assert_array_equal(quant.inject_outliers(lm, [1], 16.0)(tokens), lm(tokens))
 

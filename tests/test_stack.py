@@ -68,7 +68,8 @@ def test_gradients_accumulate_and_zero():
 
 
 def test_state_dict_roundtrip_and_errors():
-    a, b = tiny(True), TransformerStack(BlockConfig(d_model=8, n_heads=2, d_ff=12), 2, seed=99)
+    a, b = tiny(True), TransformerStack(BlockConfig(d_model=8, n_heads=2, d_ff=12), 2, dtype=np.float64,
+                                       seed=99)
     b.load_state_dict(a.state_dict())
     x = np.random.default_rng(2).standard_normal((2, 3, 8))
     np.testing.assert_array_equal(a(x), b(x))

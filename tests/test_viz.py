@@ -569,3 +569,42 @@ def test_the_precision_map_s_default_frame_moves_along_both_axes():
     plt.close(plot(**default))
     with pytest.raises(ValueError, match=r"depth: expected an int from 1 to GRID_DEPTH=24; got 0"):
         numerics.overflow_map("float16", "naive", 0)
+
+
+def test_explorable_titles_typeset_ascii_math():
+    """An explorable's title and control labels are HTML: their ASCII math is typeset there (the
+    frames use mathtext), code names are left alone (issue 33)."""
+    from preln.chapters.viz import typeset_html
+
+    assert typeset_html("logits with and without 1/sqrt(d_h)") == \
+        "logits with and without 1/\u221a<i>d</i><sub>h</sub>"
+    assert typeset_html("sqrt((D-1)/D) at eps = 1e-05") == \
+        "\u221a((D\u22121)/D) at eps = 10<sup>\u22125</sup>"
+    assert typeset_html("offset (query - key), -3") == "offset (query \u2212 key), \u22123"
+    for plain in ("n_kv_heads", "Pre-LN vs Post-LN", "FlashAttention-2", "GPT-2", "32-layer"):
+        assert typeset_html(plain) == plain
+    assert typeset_html("<b>") == "&lt;b&gt;"
+
+
+def test_heat_map_frames_keep_their_colour_scale_in_dark_mode():
+    """Dark mode inverts an explorable's frames (FRAME_DARK_FILTER), which would read a heat map's
+    colour scale backwards: a frame with a colour scale marks its figure, and the site's CSS shows
+    such frames as drawn (issue 33)."""
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    def heat(k):
+        fig = Figure(figsize=(3, 2))
+        fig.subplots().imshow(np.arange(12.0).reshape(3, 4) * k)
+        return fig
+
+    line = line_plot(1.0, 0.0)
+    assert viz.has_colour_scale(heat(1.0)) and not viz.has_colour_scale(line)
+    plt.close(line)
+    hot = explorable(heat, {"k": [1.0, 2.0]}, alt="A 3 by 4 heat map of a ramp.")
+    assert 'data-preln-colormap="1"' in hot.to_html()
+    cool = explorable(line_plot, {"scale": [1.0, 2.0], "shift": [0.0]}, alt=alt_text)
+    assert "data-preln-colormap" not in cool.to_html()
+    css = (Path(__file__).resolve().parents[1] / "book" / "_static" / "preln.css").read_text()
+    rule = re.search(r"figure\[data-preln-colormap\] img\.preln-explorable-frame \{([^}]*)\}", css)
+    assert rule and "filter: none" in rule.group(1)

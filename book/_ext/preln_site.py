@@ -22,10 +22,10 @@
   bibliography's deprecated ARIA role, myst-nb's hide-input toggle, and the theme's icon fonts
   cut down to the glyphs the pages use (the theme's Font Awesome script is left out by
   book/_templates/static/webpack-macros.html).
-- The site's root `index.html` is the book's front page (what it is, the block, "Start with
-  chapter 1", the map of the reading paths, the contents in parts with chapter numbers), not the
-  one-line meta-refresh sphinx-external-toc writes; a `404.html` (for a web server's "not found") is
-  another. Both are small self-contained pages in the theme's colours.
+- The site's root `index.html` goes straight to the book's front page, the root document
+  (book/intro, drawn by the theme: what the book is, the block, "Start with chapter 1", the
+  reading paths), by a script and a meta refresh, with nothing shown on the way; a `404.html` (for
+  a web server's "not found") is a small self-contained page in the theme's colours.
 - A figure's words are written once, by the code that draws it (preln.nb.set_alt): a notebook's
   figure output holds the PNG the site shows and an HTML copy with its alt and longer description
   (what JupyterLab shows). The site reads them from that copy, matched to the PNG by its bytes'
@@ -438,16 +438,42 @@ _STANDALONE = """<!DOCTYPE html>
 """
 
 
-# The front page's two sentences and its two pictures (the block, the map of the reading paths),
-# with their alt text (the intro shows the same two figures, with captions).
-FRONT_WORDS = ("One residual block of a Transformer — the Pre-LN block most large language models use — "
-               "taken apart and rebuilt in plain numpy: every backward derived and checked, every cost "
-               "counted, every number computed by the code beside it. Start by building and training "
-               "the whole model in one sitting; then follow the core path, or every chapter.")
-FRONT_IMAGES = [("book/diagrams/preln_block.svg", "Diagram of the Pre-LN block: x goes through LayerNorm and attention, "
-                 "is added back to x, then through LayerNorm and the MLP, added back again."),
-                ("book/_generated/chapter_map.svg", "Map of the chapters in their parts: a core path for a "
-                 "first reading, a full path through every chapter, and each chapter's reading time.")]
+# The site's root, index.html, leads to the book's front page, the root document (book/intro: what
+# the book is, the block, "Start with chapter 1", the reading paths), which the theme draws with its
+# header and sidebar of parts. It goes there at once, without showing anything first: a script
+# replaces the address (keeping a #fragment), and where scripts do not run a meta refresh does
+# the same; both are relative, so they work from file:// as well as from a server. The link only
+# appears if neither has acted after a second.
+_REDIRECT = """<!DOCTYPE html>
+<html lang="{lang}">
+<head>
+<meta charset="utf-8">
+<title>{title}</title>
+<meta http-equiv="refresh" content="0; url={start}">
+<link rel="canonical" href="{start}">
+<link rel="icon" href="_static/favicon.svg" type="image/svg+xml">
+<script>location.replace({start_js} + location.hash);</script>
+<style>
+  :root {{ color-scheme: light dark; --bg: #fff; --fg: #222832; --link: #0a7d91; --ring: #c132af; }}
+  @media (prefers-color-scheme: dark) {{
+    :root {{ --bg: #121212; --fg: #ced6dd; --link: #4fb2c3; --ring: #e89217; }}
+  }}
+  body {{ background: var(--bg); color: var(--fg); font: 1.05rem/1.6 system-ui, sans-serif;
+          max-width: 42rem; margin: 0 auto; padding: 2rem 1rem; }}
+  a {{ color: var(--link); }}
+  a:focus-visible {{ outline: 3px solid var(--ring); outline-offset: 2px; }}
+  main {{ visibility: hidden; animation: preln-show 0s 1s forwards; }}
+  @keyframes preln-show {{ to {{ visibility: visible; }} }}
+</style>
+</head>
+<body>
+<main>
+<h1>{title}</h1>
+<p><a href="{start}">Go to the book's front page</a></p>
+</main>
+</body>
+</html>
+"""
 
 
 def _toc_order(app) -> list[str]:
@@ -463,61 +489,9 @@ def _toc_order(app) -> list[str]:
     return order
 
 
-def _front_page(app, docs, title) -> str:
-    """The body of the site's front page: what the book is, the block, where to start, the map of
-    the reading paths and the contents in the parts of _toc.yml (numbered chapters)."""
-    import shutil
-    from html import escape
-
-    import yaml
-
-    src, out = Path(app.srcdir), Path(app.outdir)
-    uri = app.builder.get_target_uri
-    front = out / "_static" / "front"
-    front.mkdir(parents=True, exist_ok=True)
-    images = []
-    for name, alt in FRONT_IMAGES:
-        path = src / name
-        if path.is_file():
-            shutil.copyfile(path, front / path.name)
-            img = f'<img src="_static/front/{path.name}" alt="{escape(alt)}">'
-            # a diagram's dark twin (<name>-dark.svg), for a reader whose system is in dark mode
-            dark = path.with_name(f"{path.stem}-dark{path.suffix}")
-            if dark.is_file():
-                shutil.copyfile(dark, front / dark.name)
-                img = (f'<picture><source srcset="_static/front/{dark.name}" '
-                       f'media="(prefers-color-scheme: dark)">{img}</picture>')
-            images.append(img)
-    toc = yaml.safe_load((src / "_toc.yml").read_text())
-    root = app.config.root_doc
-    parts, number, first, short_of = [], 0, None, {}
-    for part in toc.get("parts", []):
-        entries = [(e["file"], e.get("title")) for e in part.get("chapters", []) if e["file"] in docs]
-        chapters = all((src / f"{f}.ipynb").is_file() for f, _ in entries)
-        items = []
-        for f, short in entries:
-            label = short_of[f] = escape(short or app.env.titles[f].astext())
-            items.append(f'<li><a href="{uri(f)}">{label}</a></li>')
-            first = first or (f if chapters else None)
-        start = f' start="{number + 1}"' if chapters else ""
-        number += len(entries) if chapters else 0
-        tag = "ol" if chapters else "ul"
-        parts.append(f"<h3>{escape(part['caption'])}</h3>\n<{tag}{start}>\n" + "\n".join(items) + f"\n</{tag}>")
-    start_link = (f'<p class="start"><a href="{uri(first)}">Start with chapter 1: '
-                  f"{short_of[first]}</a> · "
-                  f'<a href="{uri(root)}">Read the introduction</a></p>') if first else \
-        f'<p class="start"><a href="{uri(root)}">Start reading</a></p>'
-    return (f"<h1>{escape(title)}</h1>\n<p>{FRONT_WORDS}</p>\n"
-            + (images[0] + "\n" if images else "") + start_link + "\n"
-            + ("<h2>Two ways through the book</h2>\n<p>The core path is a first reading; the full path is "
-               "every chapter and side road. Times are estimates.</p>\n" + images[1] + "\n" if len(images) > 1 else "")
-            + '<nav aria-label="Contents"><h2>Contents</h2>\n'
-            + f'<p><a href="{uri(root)}">Introduction: {escape(app.env.titles[root].astext())}</a></p>\n'
-            + "\n".join(parts) + "\n</nav>\n")
-
-
 def write_root_pages(app, exception):
-    """index.html (the book's front page) and 404.html, in the output folder."""
+    """index.html (the way to the book's front page, the root document) and 404.html, in the
+    output folder."""
     if exception is not None or app.builder.format != "html":
         return
     from html import escape
@@ -529,9 +503,9 @@ def write_root_pages(app, exception):
     docs = [d for d in _toc_order(app) if d in app.env.titles]
     root = app.config.root_doc
     if root != "index":
-        (out / "index.html").write_text(_STANDALONE.format(lang=lang, title=escape(title), root="",
-                                                           body=_front_page(app, docs, title)),
-                                        encoding="utf-8")
+        start = app.builder.get_target_uri(root)
+        (out / "index.html").write_text(_REDIRECT.format(lang=lang, title=escape(title), start=escape(start),
+                                                         start_js=json.dumps(start)), encoding="utf-8")
     # A server shows 404.html at whatever path was asked for: its links find the site's root from
     # that path (the part before the first of the site's own folders), else the server's root.
     folders = sorted({d.split("/", 1)[0] + "/" for d in docs if "/" in d} | {"_static/"})
@@ -544,7 +518,7 @@ def write_root_pages(app, exception):
     start = app.builder.get_target_uri(root)
     missing = (f"<h1>Page not found</h1>\n<p>There is no page at this address in <cite>{escape(title)}</cite>: "
                "it may have moved, or the link may be mistyped.</p>\n"
-               f'<p><a data-site="index.html" href="/index.html">The contents of the book</a> · '
+               f'<p><a data-site="index.html" href="/index.html">The front page of the book</a> · '
                f'<a data-site="{start}" href="/{start}">Start reading</a> · '
                f'<a data-site="search.html" href="/search.html">Search</a></p>\n{script}')
     (out / "404.html").write_text(_STANDALONE.format(lang=lang, title=f"Page not found · {escape(title)}",

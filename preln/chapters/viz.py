@@ -33,7 +33,9 @@ least MIN_TEXT_PX as shown; a dtype, quantisation method or model has one colour
 (``direct_labels``), more in a legend beside the data (``legend_outside``, ``figure_legend``);
 log axes get enough labelled ticks (``log_ticks``); numbers in labels are typeset
 (``tex_number``). Every static figure is also drawn for dark mode (``dark_png``), which the site
-shows in place of the light one; explorable frames are shown through FRAME_DARK_FILTER.
+shows in place of the light one; explorable frames are shown through FRAME_DARK_FILTER, except
+those with a colour scale (``has_colour_scale``: a heat map would read backwards inverted), which
+are shown as drawn.
 """
 from __future__ import annotations
 
@@ -58,7 +60,7 @@ __all__ = ["PALETTE", "OKABE_ITO", "COLUMN_PX", "MIN_TEXT_PX", "SERIES_COLOURS",
            "figure_bundle", "DARK_BACKGROUND", "FRAME_DARK_FILTER", "apply_style", "control",
            "explorable", "figure_png", "Control", "Explorable", "MAX_FRAMES", "FRAME_COLORS",
            "contrast_ratio", "data_contrast", "shown_colour", "relative_luminance",
-           "MIN_DATA_CONTRAST", "table_caption", "control_kind", "MAX_TOGGLE_VALUES", "PLAY_SECONDS"]
+           "MIN_DATA_CONTRAST", "table_caption", "typeset_html", "has_colour_scale", "control_kind", "MAX_TOGGLE_VALUES", "PLAY_SECONDS"]
 
 # Okabe-Ito (Okabe & Ito 2008), ordered for a prop_cycle, with its light hues darkened so that every
 # data colour is at least 3:1 (WCAG 1.4.11, non-text contrast) against the figures' white face:
@@ -528,6 +530,45 @@ def _sentences(text: str) -> list[str]:
     return [t.strip() for t in re.split(r"(?<=[.!?])\s+(?=[A-Z(])", " ".join(text.split())) if t.strip()]
 
 
+# ASCII math in an explorable's title or control label, typeset as HTML (the frames use mathtext):
+# 1e-05 as 10<sup>−5</sup>, sqrt(x) as √x, x_L as x<sub>L</sub>, a minus sign as U+2212
+_E_NOTATION = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)e([+-]?)0*(\d+)(?![\w.])")
+_SQRT = re.compile(r"\bsqrt\(((?:[^()]|\([^()]*\))*)\)")
+_SUBSCRIPT = re.compile(r"(?<![\w\\])([A-Za-z])_([A-Za-z0-9]{1,3})(?!\w)")
+
+
+def typeset_html(text: str) -> str:
+    """``text`` HTML-escaped, with its ASCII math typeset: ``1e-05`` as 10<sup>−5</sup>, ``sqrt(x)``
+    as √x (√(...) around more than one term), a one-letter name with a subscript (``x_L``,
+    ``d_h``) as x<sub>L</sub>, and a hyphen used as a minus (``-3``, ``a - b``, ``D-1``) as the
+    Unicode minus. Code names with several underscores (``n_kv_heads``) are left alone."""
+    def e_notation(m):
+        mant, sign, exp = m.group(1), "\u2212" if m.group(2) == "-" else "", m.group(3)
+        power = f"10<sup>{sign}{exp}</sup>"
+        return power if float(mant) == 1 else f"{mant}\u00d7{power}"
+
+    def sqrt(m):
+        inner = m.group(1)
+        return f"\u221a{inner}" if re.fullmatch(r"\w+", inner) else f"\u221a({inner})"
+
+    out = html.escape(text)
+    out = _E_NOTATION.sub(e_notation, out)
+    out = _SQRT.sub(sqrt, out)
+    out = _SUBSCRIPT.sub(lambda m: f"<i>{m.group(1)}</i><sub>{m.group(2)}</sub>", out)
+    out = re.sub(r"(?<![\w-])([A-Za-z])-(\d)", "\\1\u2212\\2", out)    # D-1
+    return re.sub(r"(?<![\w-])-(?=[\d(])|(?<=\s)-(?=\s)", "\u2212", out)
+
+
+def has_colour_scale(fig) -> bool:
+    """Whether ``fig`` maps values to colours (an image, a mesh, a scatter coloured by value): in
+    dark mode such an explorable frame is shown as drawn, not through FRAME_DARK_FILTER, whose
+    inversion would turn its colour scale around (book/_static/preln.css)."""
+    from matplotlib.cm import ScalarMappable
+
+    return any(art.get_array() is not None
+               for art in fig.findobj(lambda a: isinstance(a, ScalarMappable)))
+
+
 def _first_sentence(text: str, limit: int = 200) -> str:
     """The first sentence of ``text`` (up to ``limit`` characters, cut at a word)."""
     first = (_sentences(text) or [text.strip()])[0]
@@ -674,6 +715,9 @@ class Explorable:
             self.initial = tuple(idx)
 
         self.frames: dict[tuple[int, ...], bytes] = {}
+        #: a frame draws a colour scale (a heat map, a colour-mapped scatter): the site's dark mode
+        #: shows such frames as drawn, since inverting them would read the scale backwards
+        self.colormap = False
         self.alts: dict[tuple[int, ...], str] = {}
         self.summaries: dict[tuple[int, ...], str] = {}
         self.timings: dict[tuple, float] = {}
@@ -708,6 +752,7 @@ class Explorable:
                             f"got {type(fig).__name__}")
         try:
             png = figure_png(fig, dpi=self.dpi, colors=self.colors)
+            self.colormap = self.colormap or has_colour_scale(fig)
         finally:
             plt.close(fig)   # pyplot figures would otherwise all be shown at the end of the cell
         return png, seconds
@@ -755,10 +800,11 @@ class Explorable:
         frame_id = f"{uid}-frame"
         caption = self.title or _first_sentence(self.alts[i0], 120)
         # the <style> goes before the <figure>: a figcaption must be the figure's first child
-        parts = [_CSS, f'<figure class="preln-explorable" id="{uid}" data-preln-explorable="1">',
+        scale = ' data-preln-colormap="1"' if self.colormap else ""
+        parts = [_CSS, f'<figure class="preln-explorable" id="{uid}" data-preln-explorable="1"{scale}>',
                  f'<figcaption id="{uid}-caption" class="preln-explorable-title">'
                  '<span class="preln-explorable-badge">Interactive</span> '
-                 f'<strong>{e(caption)}</strong>'
+                 f'<strong>{typeset_html(caption)}</strong>'
                  f'<span class="preln-explorable-settings">: {e(self._settings(self._kwargs(i0)))}</span>'
                  '</figcaption>',
                  # Kernel-free but not script-free: where the script does not run (an untrusted
@@ -781,7 +827,7 @@ class Explorable:
                 ticks = "".join(f'<span class="preln-slider-tick" style="left:{100 * k / (len(vals) - 1):.4g}%"></span>'
                                 for k in range(len(vals)))
                 parts.append(
-                    f'<span class="preln-explorable-label" id="{cid}-label">{e(label)}</span>'
+                    f'<span class="preln-explorable-label" id="{cid}-label">{typeset_html(label)}</span>'
                     '<span class="preln-explorable-input">'
                     f'<span class="preln-slider" id="{cid}" role="slider" tabindex="0" data-preln-control="{c}" '
                     f'data-index="{j}" aria-labelledby="{cid}-label" aria-controls="{frame_id}" '
@@ -805,7 +851,7 @@ class Explorable:
                 segments = "".join(f'<span class="preln-segment" role="radio" id="{cid}-o{k}" data-k="{k}" '
                                    f'aria-checked="{"true" if k == j else "false"}">{e(lab)}</span>'
                                    for k, lab in enumerate(labs))
-                parts.append(f'<span class="preln-explorable-label" id="{cid}-label">{e(label)}</span>'
+                parts.append(f'<span class="preln-explorable-label" id="{cid}-label">{typeset_html(label)}</span>'
                              f'<span class="preln-explorable-input preln-wide">'
                              f'<span class="preln-segmented" id="{cid}" role="radiogroup" tabindex="0" '
                              f'data-preln-control="{c}" data-index="{j}" aria-labelledby="{cid}-label" '
@@ -814,7 +860,7 @@ class Explorable:
                 opts = "".join(f'<option value="{k}"{" selected" if k == j else ""}>{e(lab)}</option>'
                                for k, lab in enumerate(labs))
                 # the drop-down shows its value: no second copy beside it
-                parts.append(f'<label class="preln-explorable-label" for="{cid}" id="{cid}-label">{e(label)}</label>'
+                parts.append(f'<label class="preln-explorable-label" for="{cid}" id="{cid}-label">{typeset_html(label)}</label>'
                              f'<span class="preln-explorable-input preln-wide">'
                              f'<select id="{cid}" data-preln-control="{c}" aria-controls="{frame_id}">{opts}</select></span>')
             parts.append('</div>')

@@ -174,7 +174,7 @@ def lm_layer_grad_norms(norm_first, n_layers=6, d_model=64, n_heads=4, d_ff=256,
     train_ids, _ = _split(ids)
     lm = TinyLM(LMConfig(vocab_size=len(vocab), max_len=seq_len, d_model=d_model, n_heads=n_heads,
                          d_ff=d_ff, n_layers=n_layers, norm_first=norm_first, activation=activation),
-                seed=seed)
+                dtype=np.float64, seed=seed)
     it = batches(train_ids, batch_size, seq_len, seed=1000 + seed)
     lm.zero_grad()
     for _ in range(n_batches):                               # grads accumulate over batches

@@ -30,6 +30,7 @@ import numpy as np
 from preln.gguf.model import read_llama
 from preln.gguf.tokenizer import GGUFTokenizer
 from preln.models.lm import LanguageModel, TokenIO, embedding_backward
+from preln.nn.base import DEFAULT_ATTENTION, DEFAULT_DTYPE
 from preln.nn.llama import LlamaBlock, LlamaConfig
 from preln.ops import linear_backward, rms_norm_backward, rms_norm_forward
 from preln.nn.stack import StackKVCache
@@ -61,14 +62,15 @@ class LlamaLM(LanguageModel):
     trained here, or a real model read from a GGUF file (:meth:`from_gguf`): then ``tokenizer``
     (a :class:`preln.gguf.GGUFTokenizer`), ``metadata``, ``context_length`` (the trained context)
     and ``tensor_types`` ({GGUF name: type}) say what the file held, and the head may be the
-    embedding itself (``tied``)."""
+    embedding itself (``tied``). dtype and attention are the blocks' (float32 and "auto", as for
+    every block)."""
 
     tokenizer = None
     metadata = {}
     context_length = None
     tensor_types = {}
 
-    def __init__(self, config=LlamaLMConfig(), dtype=np.float64, seed=0):
+    def __init__(self, config=LlamaLMConfig(), dtype=DEFAULT_DTYPE, seed=0, attention=DEFAULT_ATTENTION):
         if not isinstance(config, LlamaLMConfig):
             raise TypeError(f"config: expected a preln.models.llama_lm.LlamaLMConfig; got {type(config).__name__}")
         check_choice(config.init, ("xavier", "llama"), "init")
@@ -77,7 +79,7 @@ class LlamaLM(LanguageModel):
         self.dtype = np.dtype(dtype)
         block_cfg = config.block_config()
         seeds = np.random.SeedSequence(seed).spawn(config.n_layers + 1)
-        self.layers = [LlamaBlock(block_cfg, dtype=self.dtype, seed=s) for s in seeds[:-1]]
+        self.layers = [LlamaBlock(block_cfg, dtype=self.dtype, seed=s, attention=attention) for s in seeds[:-1]]
         rng = np.random.default_rng(seeds[-1])
         if config.init == "xavier":
             for layer in self.layers:

@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from preln.nn.base import Module
+from preln.nn.base import DEFAULT_ATTENTION, DEFAULT_DTYPE, Module
 from preln.nn.config import BlockConfig
 from preln.ops import linear_backward, linear_forward
 from preln.nn.stack import StackKVCache, TransformerStack
@@ -257,9 +257,10 @@ class TinyLM(LanguageModel):
     Parameters (names): ``tok_emb.weight`` (V, D), ``pos_emb.weight`` (S_max, D),
     ``stack.layers.l.*``, ``stack.norm.*`` (Pre-LN only), ``head.weight`` (V, D; absent if tied),
     ``head.bias`` (V,). Embeddings are N(0, 0.02^2) as in GPT-2; the head is Xavier normal.
+    dtype and attention are the stack's (float32 and "auto", as for every block).
     """
 
-    def __init__(self, config=LMConfig(), dtype=np.float64, seed=0):
+    def __init__(self, config=LMConfig(), dtype=DEFAULT_DTYPE, seed=0, attention=DEFAULT_ATTENTION):
         if not isinstance(config, LMConfig):
             raise TypeError(f"config: expected a preln.models.lm.LMConfig; got {type(config).__name__}")
         self.config = config
@@ -268,7 +269,7 @@ class TinyLM(LanguageModel):
                             norm_first=config.norm_first, activation=config.activation, causal=True)
         seeds = np.random.SeedSequence(seed).spawn(2)
         self.stack = TransformerStack(block, config.n_layers, dtype=self.dtype, seed=seeds[0],
-                                      init=config.init)
+                                      init=config.init, attention=attention)
         rng = np.random.default_rng(seeds[1])
         V, S, D = config.vocab_size, config.max_len, config.d_model
         self.own = {"tok_emb.weight": rng.normal(0, 0.02, (V, D)),

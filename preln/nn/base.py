@@ -9,18 +9,16 @@ written over ``LayerNorm``, ``CausalSelfAttention`` and ``MLP``:
 and its ``backward`` is those lines read from the bottom up. A :class:`Sublayer` computes one
 term: ``out = sublayer(x)`` keeps what its backward needs in ``sublayer.cache``, and
 ``sublayer.backward(dout, cache)`` returns dL/dx, adding dL/dparam into the block's ``grads``.
-Variants swap a sublayer's implementation, never the equations: the op-by-op one (every op its own
-numpy call, watched by the overflow tracer), the fused kernels, a quantised model's linears.
+Variants swap a component, never the equations: a sublayer's implementation (the op-by-op one, every
+op its own numpy call, watched by the overflow tracer; the fused kernels), a quantised model's
+linears (the family's ``linear(name)`` hook), the attention core (:meth:`BlockBase.step` with a KV
+store: a contiguous cache when decoding, a paged pool when serving).
 
 The residual stream. A sublayer's output enters it as a :class:`Branch`, and ``x + branch`` is a
 :class:`Residual` -- the sum, computed when it is first needed. A fused norm right after it takes
 it whole and adds it inside its own kernel (the residual add, the sublayer's last bias and the norm
 in one pass over memory); anything else reads the sum with :func:`added`, which adds it as the
 sublayer says (with the tracer watching, or a fused bias + residual kernel).
-
-:func:`block_equations` states the same forward over *parts* objects (``norm(i, x)``,
-``attention(h)``, ``mlp(h)``, ``add``, ``add_norm``), for :class:`preln.nn.block.Reference`, the
-eval-mode block whose linears and attention core a caller swaps (INT8 linears, a paged KV store).
 
 :class:`BlockBase` holds the plumbing of :class:`preln.TransformerBlock` and :class:`preln.LlamaBlock`:
 construction, train/eval, gradients, the strict state dict, the cache's bytes, decoding.
@@ -30,15 +28,21 @@ from collections import namedtuple
 
 import numpy as np
 
-from preln.precision import Watch, resolve_dtype, resolve_policy
+from preln.ops.attention import flash_attention_forward
+from preln.precision import SAFE, Watch, no_watch, resolve_dtype, resolve_policy
 from preln.validation import (check_bool, check_choice, check_float_array, check_input, check_seed,
                               check_same_shape, check_state_keys, positive_int)
 
-__all__ = ["Sublayer", "Norm", "Branch", "Residual", "added", "block_equations", "block_cache_type",
-           "Module", "BlockBase", "KVStore", "ATTENTIONS"]
+__all__ = ["Sublayer", "Norm", "Branch", "Residual", "added", "block_cache_type",
+           "Module", "BlockBase", "KVStore", "ATTENTIONS", "DEFAULT_DTYPE", "DEFAULT_ATTENTION"]
 
 #: the attention choices of a block: tiled in eval mode and plain in training mode, or either always
 ATTENTIONS = ("auto", "plain", "tiled")
+
+#: the one set of defaults of every block, the stack and the LMs, as PyTorch's: float32 storage and
+#: "auto" attention. A gradient check asks for float64 explicitly.
+DEFAULT_DTYPE = np.dtype(np.float32)
+DEFAULT_ATTENTION = "auto"
 
 
 def block_cache_type(name, norm1, norm2, module):
@@ -115,23 +119,6 @@ def added(v):  # a Residual -> its sum, an array; an array as it is
     return v.sum
 
 
-def block_equations(x, parts, norm_first=True):  # (..., D) -> (..., D), (n1, attn, n2, mlp)
-    """The block's forward over ``parts`` (see the module docstring): what
-    :class:`preln.nn.block.Reference` computes, for the INT8 and paged variants."""
-    if norm_first:                                            # Pre-norm
-        h1, n1 = parts.norm(1, x)                             # h1 = N1(x)
-        a, attn = parts.attention(h1)                         # a  = Attn(h1)
-        x1, h2, n2 = parts.add_norm(1, x, a, 2)               # x1 = x + a;  h2 = N2(x1)
-        m, mlp = parts.mlp(h2)                                # m  = MLP(h2)
-        y = parts.add(2, x1, m)                               # y  = x1 + m
-    else:                                                     # Post-norm
-        a, attn = parts.attention(x)                          # a  = Attn(x)
-        _, x1, n1 = parts.add_norm(1, x, a, 1)                # x1 = N1(x + a)
-        m, mlp = parts.mlp(x1)                                # m  = MLP(x1)
-        _, y, n2 = parts.add_norm(2, x1, m, 2)                # y  = N2(x1 + m)
-    return y, (n1, attn, n2, mlp)
-
-
 class KVStore:
     """The keys and values of one causal attention layer, preallocated for ``max_len`` positions.
 
@@ -178,6 +165,14 @@ class KVStore:
         self.k[:, :, t0:t1] = k
         self.v[:, :, t0:t1] = v
         return self.k[:, :, :t1], self.v[:, :, :t1]
+
+    def attend(self, q, k, v, policy=SAFE, watch=no_watch):  # (B, H, n, d_h) -> (B, H, n, d_h)
+        """The attention core of a decode step (what ``sdpa(..., kv=self)`` runs): the n new keys
+        and values go after the filled positions, and the queries, at positions ``length ..
+        length + n - 1``, read every position up to their own, tiled."""
+        t0 = self.length
+        k_all, v_all = self.append(k, v)                      # (B, H_kv, t0 + n, d_h), views
+        return flash_attention_forward(q, k_all, v_all, None, True, policy, watch, q_offset=t0)
 
     def _repr(self, heads_name):
         return (f"{type(self).__name__}(batch={self.batch}, max_len={self.max_len}, "
@@ -232,17 +227,16 @@ class Module:
 
 class BlockBase(Module):
     """The plumbing of a block family. A subclass sets ``config_type``, ``kv_type``,
-    ``default_dtype``, ``shapes_of(config)``, ``init_of(config, rng, dtype)`` and ``kv_heads``
+    ``shapes_of(config)``, ``init_of(config, rng, dtype)`` and ``kv_heads``
     (the config's attribute counting the cached heads, and its symbol), then writes its forward
     and backward."""
 
     config_type = None
     kv_type = None
-    default_dtype = np.float32
-    _kv = None                    # the KV cache of a decode step, while it runs (see decode)
+    _kv = None                    # the KV store of a step, while it runs (see step)
 
     def __init__(self, config, dtype=None, seed=0, policy="safe", check_finite=False, trace=False,
-                 attention="auto", fused=True):
+                 attention=DEFAULT_ATTENTION, fused=True):
         if not isinstance(config, self.config_type):
             raise TypeError(f"config: expected a preln.{self.config_type.__name__}; got "
                             f"{type(config).__name__}")
@@ -251,7 +245,7 @@ class BlockBase(Module):
         self.fused = check_bool(fused, "fused")
         self.check_finite = check_bool(check_finite, "check_finite")
         self.trace = check_bool(trace, "trace")
-        self.dtype = resolve_dtype(self.default_dtype if dtype is None else dtype)
+        self.dtype = resolve_dtype(DEFAULT_DTYPE if dtype is None else dtype)
         self.policy = resolve_policy(policy)
         self.rng = np.random.default_rng(check_seed(seed))
         self.params = type(self).init_of(config, self.rng, self.dtype)
@@ -339,14 +333,24 @@ class BlockBase(Module):
         of the batch is at the same position). Nothing is kept for a backward: ``block.backward``
         still differentiates the last ``forward``.
         """
-        x = self.check_decode(x_new, kv)                          # (B, n, D)
-        kept, self._kv = self._cache, kv                          # forward's attention reads kv
-        try:
-            y = self.forward(x)
-        finally:
-            self._kv, self._cache = None, kept
-        kv.length += x.shape[1]                                   # only once the step has succeeded
+        y = self.step(self.check_decode(x_new, kv), kv)           # (B, n, D)
+        kv.length += y.shape[1]                                   # only once the step has succeeded
         return y
+
+    def step(self, x, kv, fused=None):  # (B, n, D) -> (B, n, D)
+        """``forward`` on x with the attention core swapped for the KV store's: ``kv.attend(q, k, v,
+        policy, watch)`` takes the n new keys and values and returns what the queries read of every
+        position so far -- :meth:`decode`'s step (after its checks), and a paged server's, whose
+        store is one layer of its block pool. fused: False runs every op its own numpy call in this
+        pass (None: as :meth:`fuses` says). ``kv`` is not advanced; nothing is kept for a backward.
+        """
+        kept = self._cache, self.fused
+        self._kv, self.fused = kv, self.fused if fused is None else fused   # forward reads both
+        try:
+            return self.forward(x)
+        finally:
+            self._kv = None
+            self._cache, self.fused = kept
 
     def check_decode(self, x_new, kv):  # -> x_new as (B, n, D) in the block's dtype
         """The checks of :meth:`decode`, alone: a stack runs them on every layer before any

@@ -38,18 +38,19 @@ from typing import NamedTuple
 
 import numpy as np
 
-from preln.nn.base import BlockBase, Branch, KVStore, Norm, Residual, Sublayer, added, block_cache_type
+from preln.nn.base import (DEFAULT_DTYPE, BlockBase, Branch, KVStore, Norm, Residual, Sublayer, added,
+                             block_cache_type)
 from preln.validation import check_input, check_mask, positive_int
 from preln.nn.config import BlockConfig
-from preln.ops import (activation_backward, activation_forward, attention_backward, attention_forward,
-                       dropout_backward, dropout_forward, layer_norm_backward, layer_norm_forward,
-                       linear_backward, linear_forward, merge_heads, sdpa, split_heads)
+from preln.ops import (activation_backward, activation_forward, attention_backward, dropout_backward,
+                       dropout_forward, layer_norm_backward, layer_norm_forward, linear_backward,
+                       linear_forward, merge_heads, sdpa, split_heads)
 from preln.ops.fused import FUSED_DTYPES, add_layer_norm, bias_gelu, bias_residual, gelu_backward
 from preln.ops.fused import layer_norm as fused_layer_norm
 from preln.precision import SAFE
 
 __all__ = ["TransformerBlock", "PreLNTransformerBlock", "KVCache", "param_shapes", "init_params",
-           "default_heads", "LayerNorm", "MultiheadAttention", "MLP", "Reference", "LINEAR_PARAMS"]
+           "default_heads", "LayerNorm", "MultiheadAttention", "MLP", "LINEAR_PARAMS"]
 
 
 def param_shapes(config):
@@ -261,66 +262,6 @@ class MLP(_Branch):
         return dh
 
 
-_NORMS = {1: "norm1", 2: "norm2"}
-
-
-class Reference:
-    """The eval-mode block on its parameters alone, op by op, with two parts of its own: the linear
-    layers, ``linear(name, h (N, in)) -> (N, out)`` for name in in_proj, out_proj, linear1, linear2
-    (quantised ones, say; None: h W^T + b), and the attention core, ``attend(q, k, v) -> o``, each
-    (..., D) (a paged KV store, say; None: causal or bidirectional attention over the S axis, with
-    ``key_padding_mask``). ``record``: a dict that receives the named intermediates (ln1, in_proj,
-    attn, out_proj, residual1, ln2, linear1, act, linear2)."""
-
-    def __init__(self, params, config, linear=None, attend=None, record=None, key_padding_mask=None):
-        self.p, self.config = params, config
-        self.linear = self._linear if linear is None else linear
-        self.attend = self._attend if attend is None else attend
-        self.rec = {} if record is None else record
-        self.kpm = key_padding_mask
-
-    def _linear(self, name, h):
-        w, b = LINEAR_PARAMS[name]
-        return h @ self.p[w].T + self.p[b]
-
-    def _attend(self, q, k, v):  # (B, S, D) each -> (B, S, D)
-        cfg = self.config
-        q, k, v = (split_heads(t, cfg.n_heads) for t in (q, k, v))      # (B, H, S, d_h)
-        return merge_heads(attention_forward(q, k, v, self.kpm, cfg.causal)[0])
-
-    def lin(self, name, h):  # (..., in) -> (..., out), in h's dtype
-        out = np.asarray(self.linear(name, h.reshape(-1, h.shape[-1])), dtype=h.dtype)
-        out = out.reshape(*h.shape[:-1], -1)
-        self.rec[name] = out
-        return out
-
-    def norm(self, i, x):
-        p, name = self.p, _NORMS[i]
-        out = layer_norm_forward(x, p[f"{name}.weight"], p[f"{name}.bias"], self.config.eps)[0]
-        self.rec[f"ln{i}"] = out
-        return out, None
-
-    def attention(self, h):
-        q, k, v = np.split(self.lin("in_proj", h), 3, axis=-1)           # (..., D) each
-        o = self.attend(q, k, v)                                         # (..., D)
-        self.rec["attn"] = o
-        return self.lin("out_proj", o), None
-
-    def mlp(self, h):
-        g = activation_forward(self.lin("linear1", h), self.config.activation)[0]   # (..., F)
-        self.rec["act"] = g
-        return self.lin("linear2", g), None
-
-    def add(self, i, x, a):
-        return x + a
-
-    def add_norm(self, i, x, a, j):
-        r = x + a
-        if i == 1:
-            self.rec["residual1"] = r
-        return (r, *self.norm(j, r))
-
-
 class TransformerBlock(BlockBase):
     """One Pre-LN or Post-LN encoder block with PyTorch's ``nn.TransformerEncoderLayer`` parameters
     and semantics (https://pytorch.org/docs/stable/generated/torch.nn.TransformerEncoderLayer.html);
@@ -338,7 +279,7 @@ class TransformerBlock(BlockBase):
         as a separate numpy call.
     """
 
-    config_type, kv_type, default_dtype = BlockConfig, KVCache, np.float32
+    config_type, kv_type = BlockConfig, KVCache
     shapes_of, init_of = staticmethod(param_shapes), staticmethod(init_params)
     kv_heads = ("n_heads", "H")
 
@@ -417,11 +358,11 @@ def default_heads(d_model):
 class PreLNTransformerBlock(TransformerBlock):
     """A Pre-LN block from its width alone: ``PreLNTransformerBlock(d_model=16).forward(x)``.
 
-    n_heads defaults to :func:`default_heads`, d_ff to 4 d_model, dtype to float64; other keywords
-    go to :class:`BlockConfig` (activation, dropout, eps, causal).
+    n_heads defaults to :func:`default_heads`, d_ff to 4 d_model, dtype to float32 (every block's
+    default); other keywords go to :class:`BlockConfig` (activation, dropout, eps, causal).
     """
 
-    def __init__(self, d_model=64, n_heads=None, d_ff=None, dtype=np.float64, seed=0, **config):
+    def __init__(self, d_model=64, n_heads=None, d_ff=None, dtype=DEFAULT_DTYPE, seed=0, **config):
         d_model = positive_int(d_model, "d_model")
         cfg = BlockConfig(d_model=d_model, n_heads=n_heads or default_heads(d_model),
                           d_ff=d_ff or 4 * d_model, norm_first=True, **config)

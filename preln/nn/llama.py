@@ -332,7 +332,7 @@ class LlamaBlock(BlockBase):
     the hyper-parameters are a :class:`preln.LlamaConfig`.
 
     dtype: float64 | float32 | float16 | bfloat16 -- parameters and activations are stored in it
-        (None: float64).
+        (None: float32).
     seed: seeds the ``np.random.Generator`` (``block.rng``) of the initialisation.
     policy: "safe" | "naive" | a :class:`preln.Policy` -- where 16-bit arithmetic happens.
     check_finite: raise FloatingPointError naming the first op whose output is not finite.
@@ -345,7 +345,7 @@ class LlamaBlock(BlockBase):
     attention (the backward then recomputes P) and is the mode ``decode`` requires.
     """
 
-    config_type, kv_type, default_dtype = LlamaConfig, LlamaKVCache, np.float64
+    config_type, kv_type = LlamaConfig, LlamaKVCache
     shapes_of, init_of = staticmethod(llama_param_shapes), staticmethod(init_params)
     kv_heads = ("n_kv_heads", "H_kv")
 

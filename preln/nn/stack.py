@@ -24,7 +24,7 @@ bit-identical to the stack without checkpointing.
 """
 import numpy as np
 
-from preln.nn.base import Module
+from preln.nn.base import DEFAULT_ATTENTION, DEFAULT_DTYPE, Module
 from preln.nn.block import TransformerBlock, param_shapes
 from preln.validation import as_array, check_bool, check_choice, check_same_shape, check_state_keys, positive_int
 from preln.nn.config import BlockConfig
@@ -65,12 +65,12 @@ class StackKVCache:
                 f"dtype={self.dtype}, length={self.length}, nbytes={self.nbytes})")
 
 
-def xavier_normal_params(config, rng, dtype=np.float64):
+def xavier_normal_params(config, rng, dtype=DEFAULT_DTYPE):
     """The initialisation of Xiong et al. (2020, section 3.3) for one block's 12 parameters.
 
     Every weight matrix W (n_out, n_in) is drawn from N(0, 2 / (n_in + n_out)) -- the three E x E
     projections inside ``in_proj_weight`` each as its own matrix -- biases are 0, LayerNorm
-    gamma = 1 and beta = 0.
+    gamma = 1 and beta = 0. Drawn in float64, then cast to ``dtype``.
     """
     E, F = config.d_model, config.d_ff
     normal = lambda n_out, n_in: rng.normal(0.0, np.sqrt(2.0 / (n_in + n_out)), size=(n_out, n_in))
@@ -95,16 +95,17 @@ class TransformerStack(Module):
     config:     one BlockConfig for every layer (``norm_first`` picks Pre-LN or Post-LN).
     n_layers:   L >= 1.
     final_norm: True | False | None (None: True for Pre-LN, False for Post-LN).
-    dtype:      storage dtype of parameters and activations, as for TransformerBlock.
+    dtype:      storage dtype of parameters and activations, as for TransformerBlock (float32).
     seed:       int or SeedSequence; layer l is initialised from the l-th child of ``np.random.SeedSequence(seed)``,
                 so adding layers does not change the earlier ones.
     init:       "torch" (nn.TransformerEncoderLayer's default) or "xavier" (Xiong et al.:
                 N(0, 2/(n_in+n_out)), zero biases).
-    attention:  passed to each block; "plain" keeps the probabilities for the backward.
+    attention:  passed to each block, as for TransformerBlock ("auto": tiled in eval mode, plain in
+                training mode).
     """
 
-    def __init__(self, config, n_layers, final_norm=None, dtype=np.float64, seed=0, init="torch",
-                 attention="plain", checkpoint=False):
+    def __init__(self, config, n_layers, final_norm=None, dtype=DEFAULT_DTYPE, seed=0, init="torch",
+                 attention=DEFAULT_ATTENTION, checkpoint=False):
         if not isinstance(config, BlockConfig):
             raise TypeError(f"config: expected a preln.BlockConfig; got {type(config).__name__}")
         n_layers = positive_int(n_layers, "n_layers")
@@ -123,7 +124,7 @@ class TransformerStack(Module):
                        for i in range(self.n_layers)]
         if init == "xavier":
             for i, layer in enumerate(self.layers):
-                layer.load_state_dict(xavier_normal_params(config, np.random.default_rng(children[i])))
+                layer.load_state_dict(xavier_normal_params(config, np.random.default_rng(children[i]), self.dtype))
         self.rng = np.random.default_rng(children[-1])   # kept for symmetry with the block
         D = config.d_model
         self.norm = {"weight": np.ones(D, self.dtype), "bias": np.zeros(D, self.dtype)} if self.final_norm else {}

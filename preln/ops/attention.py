@@ -376,9 +376,10 @@ def sdpa(q, k, v, key_padding_mask=None, causal=False, policy=SAFE, watch=no_wat
     """The attention core as a block's pass runs it, on q (B, H, Sq, d_h), k, v (B, H_kv, Sk, d_h);
     ``watch`` names its ops (a block passes ``watch.scope("attn")``).
 
-    kv: a decode step -- a KV store (``length``, ``append(k, v) -> (keys, values)``, as
-        :class:`preln.nn.base.KVStore`) takes the new keys and values, the queries read all of it,
-        tiled; nothing is kept for a backward (cache None).
+    kv: a decode step -- the KV store is the core: ``kv.attend(q, k, v, policy, watch)`` takes the
+        new keys and values and returns what the queries read of every position so far (a
+        contiguous :class:`preln.nn.base.KVStore`: tiled over its filled views; the paged pool of
+        :mod:`preln.serve.paged`: block by block); nothing is kept for a backward (cache None).
     tiled, training: FlashAttention-2 (:func:`flash_attention_train`: keeps O and the
         log-sum-exp; dropout redrawn per tile from a seed drawn from ``rng``).
     tiled: :func:`flash_attention_forward`, never holding the (B, H, S, S) scores; the backward
@@ -386,9 +387,7 @@ def sdpa(q, k, v, key_padding_mask=None, causal=False, policy=SAFE, watch=no_wat
     else the plain path, :func:`attention_forward` (keeps P; dropout on it; ``fused`` softmax).
     """
     if kv is not None:
-        t0 = kv.length
-        k_all, v_all = kv.append(k, v)                        # (B, H_kv, t0 + n, d_h), views
-        return flash_attention_forward(q, k_all, v_all, None, True, policy, watch, q_offset=t0), None
+        return kv.attend(q, k, v, policy, watch), None
     if tiled and training:                                    # O and L only; P recomputed per tile
         seed = int(rng.integers(2 ** 63)) if dropout_p > 0 else 0     # the dropout tiles' seed
         return flash_attention_train(q, k, v, key_padding_mask, causal, dropout_p, seed, policy)

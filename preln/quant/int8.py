@@ -54,10 +54,10 @@ from typing import NamedTuple
 import ml_dtypes
 import numpy as np
 
-from preln.nn.base import block_equations
-from preln.nn.block import LINEAR_PARAMS, Reference, TransformerBlock
+from preln.nn.block import LINEAR_PARAMS, TransformerBlock
 from preln.models.lm import TinyLM
 from preln.ops import layer_norm_forward
+from preln.precision import Watch
 from preln.validation import check_all_finite, check_bits, check_bool, check_choice, check_input, check_mask
 from preln.nn.stack import TransformerStack
 
@@ -258,18 +258,63 @@ def calibrate_scale(x, method="absmax", bits=8, percentile=99.99, n_grid=200):
 
 
 # ---- the float reference of the block, with a pluggable linear -----------------------------------
+class _Record(Watch):
+    """The watch of :func:`block_forward`'s pass: it keeps the named intermediates in ``record``
+    as the block's ops hand them over (``watch(op, out, *inputs)``)."""
+
+    NAMES = {"norm1": "ln1", "attn.in_proj": "in_proj", "attn.out_proj": "out_proj",
+             "residual1": "residual1", "norm2": "ln2", "mlp.linear1": "linear1", "mlp.linear2": "linear2"}
+
+    def __init__(self, record, activation):
+        super().__init__()
+        self.record, self.names = record, dict(self.NAMES, **{f"mlp.{activation}": "act"})
+
+    def __call__(self, op, out, *inputs):
+        if op == "attn.out_proj":
+            self.record["attn"] = inputs[0]               # the heads' output, out_proj's input
+        if op in self.names:
+            self.record[self.names[op]] = out
+        return out
+
+
+class _OpByOpBlock(TransformerBlock):
+    """A block on given ``params`` in eval mode, op by op (plain attention, no fused kernel), its
+    linears swapped for ``linear(name, h (N, in)) -> (N, out)`` (None: its own) and its watch for
+    a :class:`_Record`: what :func:`block_forward` runs."""
+
+    init_of = staticmethod(lambda config, rng, dtype: {})     # the parameters are given
+
+    def __init__(self, params, config, dtype, linear, record):
+        super().__init__(config, dtype=dtype, attention="plain", fused=False)
+        self.params, self.grads, self.swapped, self.record = params, {}, linear, record
+        self.eval()
+
+    def linear(self, name, bias=True):  # -> h (B, S, in) -> ((B, S, out) in h's dtype, None)
+        if self.swapped is None:
+            return super().linear(name, bias)
+
+        def run(h):
+            out = np.asarray(self.swapped(name, h.reshape(-1, h.shape[-1])), dtype=h.dtype)
+            return out.reshape(*h.shape[:-1], -1), None
+        return run
+
+    def _watch(self):
+        return _Record(self.record, self.config.activation)
+
+
 def block_forward(params, config, x, key_padding_mask=None, linear=None, record=None):
     """The block's eval-mode forward, op by op, with ``linear(name, h)`` for the four linear layers:
-    :func:`preln.nn.base.block_equations` over :class:`preln.nn.block.Reference` parts.
+    :meth:`preln.TransformerBlock.forward` on ``params`` with its linears swapped.
 
-    params: the block's 12 arrays (already in the compute dtype); x: (B, S, D).
-    linear: callable (name in LINEARS, h (N, in)) -> (N, out); None: h @ W^T + b in x's dtype.
+    params: the block's 12 arrays (already in x's dtype); x: (B, S, D).
+    linear: callable (name in LINEARS, h (N, in)) -> (N, out); None: the block's own, h W^T + b.
     record: a dict to receive every named intermediate (ln1, in_proj, attn, out_proj, residual1,
             ln2, linear1, act, linear2, y), for the op-by-op error.
     """
-    parts = Reference(params, config, linear, record=record, key_padding_mask=key_padding_mask)
-    y, _ = block_equations(x, parts, config.norm_first)
-    parts.rec["y"] = y
+    x = np.asarray(x)
+    record = {} if record is None else record
+    y = _OpByOpBlock(params, config, x.dtype, linear, record)(x, key_padding_mask)
+    record["y"] = y
     return y
 
 
@@ -281,16 +326,21 @@ def linear_inputs(lm, tokens):
     h, _ = lm.io.embed(lm.own, tokens)                                 # (B, S, D)
     out = []
     for layer in lm.stack.layers:
-        p, seen = layer.params, {}
-
-        def record(name, x):
-            seen[name] = x
-            w, b = LINEAR_WEIGHTS[name]
-            return x @ p[w].T + p[b]
-
-        h = block_forward(p, layer.config, h, linear=record)          # (B, S, D), the float stream
+        h, seen = _forward_seeing_linear_inputs(layer.params, layer.config, h)   # the float stream
         out.append(seen)
     return out
+
+
+def _forward_seeing_linear_inputs(params, config, x):  # (B, S, D) -> (B, S, D), {name: (B S, in)}
+    """:func:`block_forward` with the linears h W^T + b on ``params``, keeping each one's input."""
+    seen = {}
+
+    def linear(name, h):
+        seen[name] = h                                                  # (N, in)
+        w, b = LINEAR_WEIGHTS[name]
+        return h @ params[w].T + params[b]
+
+    return block_forward(params, config, x, linear=linear), seen
 
 
 # ---- one quantised linear layer -----------------------------------------------------------------
@@ -439,12 +489,7 @@ class QuantizedBlock:
             if calib.ndim != 3 or calib.shape[-1] != block.config.d_model:
                 raise ValueError(f"calib: expected (B, S, D) inputs with D = {block.config.d_model}; "
                                  f"got shape {calib.shape}")
-            seen = {}
-            def record_linear(name, h):
-                seen[name] = h                                                # (N, in)
-                w, b = LINEAR_WEIGHTS[name]
-                return h @ p64[w].T + p64[b]
-            block_forward(p64, block.config, calib, linear=record_linear)
+            _, seen = _forward_seeing_linear_inputs(p64, block.config, calib)
             x_absmax = {name: np.max(np.abs(h), axis=0) for name, h in seen.items()}   # (in,) each
             if scheme == "w8a8-tensor" and how != "absmax":
                 x_scale = {name: calibrate_scale(h, how) for name, h in seen.items()}

@@ -43,9 +43,7 @@ from typing import NamedTuple
 import numpy as np
 
 from preln.models.lm import TinyLM, sample_next
-from preln.nn.base import block_equations
-from preln.nn.block import LINEAR_PARAMS, Reference
-from preln.ops import layer_norm_forward, linear_forward
+from preln.ops import layer_norm_forward
 from preln.ops.attention import online_softmax_step, tiles
 from preln.precision import resolve_dtype
 from preln.validation import check_token_ids, index_in, nonnegative_float, nonnegative_int, positive_int
@@ -212,28 +210,28 @@ def paged_attention(q, cache, layer, seq, q_start):  # (H, n, d_h) -> (H, n, d_h
     return (acc / l).reshape(H, n, dh).astype(q.dtype, copy=False)
 
 
-def _block_step(block, layer, x, cache, spans):  # (N, D) -> (N, D)
-    """One TransformerBlock on the rows of several sequences (spans: (seq, row0, n, t0) each):
-    :func:`preln.nn.base.block_equations` over the block's reference parts, with the paged KV
-    store as the attention core."""
-    p, cfg = block.params, block.config
-    H, dh, D = cfg.n_heads, cfg.d_head, cfg.d_model
+class _PagedLayer:
+    """One layer of the pool as a block's KV store for one step: the step's N rows are the new
+    positions of several sequences (spans: (seq, row0, n, t0) each), their keys and values go
+    into each sequence's blocks, and each sequence's queries read its own blocks (in float64, the
+    online softmax's own arithmetic: ``policy`` and ``watch`` are not used)."""
 
-    def linear(name, h):
-        w, b = LINEAR_PARAMS[name]
-        return linear_forward(h, p[w], p[b])[0]
+    def __init__(self, cache, layer, spans):
+        self.cache, self.layer, self.spans = cache, layer, spans
 
-    def attend(q, k, v):  # (N, D) each -> (N, D)
+    def attend(self, q, k, v, policy=None, watch=None):  # (1, H, N, d_h) each -> (1, H, N, d_h)
         o = np.empty_like(q)
-        for seq, r0, n, t0 in spans:
-            def heads(t):                                            # rows of seq -> (H, n, d_h)
-                return t[r0:r0 + n].reshape(n, H, dh).transpose(1, 0, 2)
-            cache.write(layer, seq, heads(k), heads(v))
-            o_seq = paged_attention(heads(q), cache, layer, seq, t0)  # (H, n, d_h)
-            o[r0:r0 + n] = o_seq.transpose(1, 0, 2).reshape(n, D)
+        for seq, r0, n, t0 in self.spans:
+            rows = slice(r0, r0 + n)                                 # seq's rows -> (H, n, d_h)
+            self.cache.write(self.layer, seq, k[0, :, rows], v[0, :, rows])
+            o[0, :, rows] = paged_attention(q[0, :, rows], self.cache, self.layer, seq, t0)
         return o
 
-    return block_equations(x, Reference(p, cfg, linear, attend), cfg.norm_first)[0]
+
+def _block_step(block, layer, x, cache, spans):  # (N, D) -> (N, D)
+    """One TransformerBlock on the rows of several sequences, as one batch row (1, N, D): the
+    block's own forward, op by op, its attention core the pool's layer (:class:`_PagedLayer`)."""
+    return block.step(x[None], _PagedLayer(cache, layer, spans), fused=False)[0]
 
 
 def paged_forward(lm, cache, chunks):  # [(seq, (n_i,) ids)] -> [(n_i, V) logits]

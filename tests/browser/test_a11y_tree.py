@@ -8,8 +8,9 @@ icon-font glyph (a private-use character) in any name; every formula named by it
 keeping it in its name; sphinx-togglebutton's solution toggles named by their visible text
 (WCAG 2.5.3) with their state; the colour-mode switch saying its mode, the sidebar toggle its
 aria-expanded, the search dialog its name; the search page's result count in a status region.
-The root page and the 404 page: a language, a title, links that lead into the book, and no axe
-violation in either colour mode.
+The root page leads to the book's front page (book/intro, in the theme); the 404 page has a
+language, a title, links that lead into the book; neither has an axe violation in either colour
+mode.
 """
 from __future__ import annotations
 
@@ -208,15 +209,14 @@ def test_math_explorer_loads_offline(open_page):
         "the English speech rules were never loaded"
 
 
-@pytest.mark.parametrize("name", ["index.html", "404.html"])
-def test_root_and_404_pages(open_page, site_url, name):
+def test_404_page(open_page, site_url):
     import urllib.request
 
+    name = "404.html"
     for mode in ("light", "dark"):
         page, log = open_page(name, mode=mode)
         assert page.evaluate("() => document.documentElement.lang") == "en", f"{name}: no lang"
         assert page.title().strip(), f"{name}: no title"
-        assert not page.locator("meta[http-equiv=Refresh i]").count(), f"{name}: still a meta refresh"
         hrefs = page.evaluate("() => Array.from(document.querySelectorAll('a')).map(a => a.href)")
         assert any(h.endswith("book/intro.html") for h in hrefs), f"{name}: no link to the first page: {hrefs}"
         for href in hrefs:
@@ -225,6 +225,37 @@ def test_root_and_404_pages(open_page, site_url, name):
         found = axe_violations(page)
         assert not found, f"{name} ({mode}): axe-core violations:\n  " + "\n  ".join(found)
         assert_clean(log, name)
-    if name == "index.html":
-        built = (sitebrowser.SITE / "index.html").read_text(encoding="utf-8")
-        assert all(f'href="{p}.html"' in built for p in PAGES), "the root page does not list every chapter"
+
+
+def test_the_root_is_the_front_page_in_the_theme(open_page, browser, site_url):
+    """`/` (issue 33, the front door) goes to the root document, book/intro, which the theme draws
+    with its header and sidebar: what the book is, the block diagram, "Start with chapter 1" and the
+    reading paths. By a script at once and, without scripts (or from file://), a meta refresh; its
+    own page shows nothing for the moment it is up."""
+    built = (sitebrowser.SITE / "index.html").read_text(encoding="utf-8")
+    assert re.search(r'<meta http-equiv="refresh" content="0; url=book/intro.html">', built), built[:400]
+    assert 'location.replace("book/intro.html"' in built and '<a href="book/intro.html">' in built
+    for mode in ("light", "dark"):
+        page, log = open_page("index.html", mode=mode)
+        page.wait_for_url("**/book/intro.html", timeout=10_000)
+        assert page.locator(".bd-header").count(), "the front page is not drawn by the theme"
+        assert page.locator("#fig-block img").count(), "no block diagram on the front page"
+        assert page.locator("#fig-chapter-map img").count(), "no reading paths on the front page"
+        start = page.locator(".preln-start a[href='build_and_train.html']")
+        assert start.count() and "Start with chapter 1" in page.locator(".preln-start").inner_text()
+        hrefs = page.evaluate("() => Array.from(document.querySelectorAll('.bd-sidebar-primary a'))"
+                              ".map(a => new URL(a.href).pathname)")
+        missing = [p for p in PAGES[1:] if not any(h.endswith(f"/{p}.html") for h in hrefs)]
+        assert not missing, f"the front page's sidebar does not list {missing}"
+        found = axe_violations(page)
+        assert not found, f"front page ({mode}): axe-core violations:\n  " + "\n  ".join(found)
+        assert_clean(log, "index.html -> book/intro.html")
+    # without scripts the meta refresh leads there too, from the server and from file://
+    for url in (f"{site_url}/index.html", (sitebrowser.SITE / "index.html").as_uri()):
+        context = browser.new_context(java_script_enabled=False)
+        try:
+            page = context.new_page()
+            page.goto(url)
+            page.wait_for_url("**/book/intro.html", timeout=10_000)
+        finally:
+            context.close()

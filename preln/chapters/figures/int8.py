@@ -12,9 +12,11 @@ from functools import lru_cache
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator
 
 from preln.quant import int8 as quant
-from preln.chapters.viz import COLUMN_IN, PALETTE, control, legend_outside, series_colour
+from preln.chapters.viz import (COLUMN_IN, PALETTE, control, direct_labels, legend_outside, log_ticks,
+                                series_colour, series_name)
 from preln.chapters.figures.precision import Table
 from preln.nb import set_alt, short_alt, span
 
@@ -29,18 +31,20 @@ BLUE, VERMILLION, GREEN, ORANGE, SKY, PURPLE, BLACK, YELLOW = PALETTE
 def plot_bits_error(bits, errors):
     """Relative error of dequantise(quantise(W)) against the bit width.
 
-    errors: {label: array over ``bits``}; labels with "outlier" are dashed.
+    errors: {label: array over ``bits``}; labels with "outlier" are dashed. Each line is named at
+    its right end (up to four).
     """
-    fig = Figure()
+    fig = Figure(figsize=(COLUMN_IN - 0.2, 3.6))
     ax = fig.add_subplot()
     colours = {"per tensor": BLUE, "per channel": GREEN}
     for label, err in errors.items():
         c = colours["per tensor" if "tensor" in label else "per channel"]
         ax.plot(bits, err, marker="o", color=c, ls="--" if "outlier" in label else "-", label=label)
     ax.set_yscale("log", base=2)
-    ax.set_xlabel("bits (symmetric absmax, q in [-(2$^{b-1}$-1), 2$^{b-1}$-1])")
-    ax.set_ylabel("relative error ||W - deq(q(W))|| / ||W||\n(outlier weight excluded)", fontsize=9)
-    ax.legend()
+    ax.set_xticks([int(b) for b in bits if b % 2 == 0])
+    ax.set_xlabel(r"bits per weight $b$ (symmetric absmax: $|q| \leq 2^{b-1}-1$)")
+    ax.set_ylabel(r"relative error $\|W-\hat{W}\|\,/\,\|W\|$" "\n(outlier weight excluded)")
+    direct_labels(ax, pad_pt=6)
     bits = np.asarray(bits)
     step = np.median(np.concatenate([np.asarray(e[:-1]) / np.asarray(e[1:]) for e in errors.values()]))
     at = list(bits).index(8) if 8 in bits else len(bits) - 1       # the width the chapter is about
@@ -72,18 +76,18 @@ def plot_accumulators(Ks, int16_wrong, f16_err, f32_err):
     int16_wrong, f16_err, f32_err: fractions of the dot products that are wrong (int16, float32)
     or off by more than 1 % of a typical result (float16), one per K.
     """
-    fig = Figure(figsize=(6.4, 4.2))
+    fig = Figure(figsize=(COLUMN_IN - 0.2, 3.8))
     ax = fig.add_subplot()
     ax.plot(Ks, 100 * np.asarray(int16_wrong), marker="o", color=PALETTE[5],
-            label="int16 accumulator: results wrong (%)")
+            label="int16: wrong")
     ax.plot(Ks, 100 * np.asarray(f16_err), marker="s", color=series_colour("float16"),
-            label="float16 accumulator: off by > 1 % of a typical result, or inf (%)")
+            label="float16: off by > 1 % or inf")
     ax.plot(Ks, 100 * np.asarray(f32_err), marker="^", color=series_colour("float32"),
-            label="float32 accumulator: results wrong (%)")
+            label="float32: wrong")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("K, terms per dot product")
+    ax.set_xlabel("$K$, terms per dot product")
     ax.set_ylabel("dot products (%)")
-    legend_outside(ax, ncol=1)
+    direct_labels(ax, pad_pt=6)
     Ks, i16, f16, f32 = (np.asarray(a) for a in (Ks, int16_wrong, f16_err, f32_err))
     most = Ks[i16 > 0.5]
     f32_words = "float32 is exact at every K" if not f32.any() else f"float32 is wrong on up to {100 * f32.max():.2g} %"
@@ -100,36 +104,62 @@ def plot_accumulators(Ks, int16_wrong, f16_err, f32_err):
     return set_alt(fig, short_alt(alt), description)
 
 
+#: what the reader reads for an intermediate of quant.block_forward (its record key)
+OP_WORDS = {"ln1": "LayerNorm 1", "in_proj": "Q, K, V projection", "attn": "attention",
+            "out_proj": "output projection", "residual1": "first residual", "ln2": "LayerNorm 2",
+            "linear1": "MLP up", "act": "GELU", "linear2": "MLP down", "y": "block output"}
+#: what the reader reads for a scheme of preln.quant.int8.SCHEMES
+SCHEME_WORDS = {"w8a8-tensor": "per-tensor W8A8", "w8a8": "per-token W8A8", "w8a16": "W8A16",
+                "llm.int8": "LLM.int8", "smoothquant": "SmoothQuant", "fp8-e4m3": "FP8 E4M3"}
+#: W8A8 with plain absmax scales has no colour of its own among the book's methods
+#: (preln.chapters.viz.METHOD_COLOURS): these two, used for it wherever this chapter draws it
+W8A8_COLOURS = {"per-tensor W8A8": SKY, "per-token W8A8": YELLOW}
+
+
+def _scheme_colour(words, k=0):
+    """A scheme's colour: the book's for a named method or dtype (LLM.int8, SmoothQuant, fp8),
+    W8A8_COLOURS for plain W8A8, else the ``k``-th colour of the palette."""
+    if words in W8A8_COLOURS:
+        return W8A8_COLOURS[words]
+    return series_colour(words) if series_name(words) else PALETTE[k % len(PALETTE)]
+
+
 def plot_op_errors(ops, errors):
     """Relative error of each intermediate of the quantised block against float64.
 
-    ops: names in forward order; errors: {scheme: [error per op]}.
+    ops: record keys of quant.block_forward in forward order (shown as OP_WORDS); errors:
+    {scheme: [error per op]} (schemes of quant.SCHEMES, shown as SCHEME_WORDS; up to four).
     """
-    fig = Figure(figsize=(6.5, 3.6))
+    fig = Figure(figsize=(COLUMN_IN - 0.2, 3.9))
     ax = fig.add_subplot()
     x = np.arange(len(ops))
-    for (scheme, err), c, m in zip(errors.items(), [VERMILLION, ORANGE, GREEN, BLUE, PURPLE],
-                                   "osD^v"):
-        ax.plot(x, err, marker=m, color=c, label=scheme)
-    ax.set_xticks(x, ops, rotation=35, ha="right")
+    for k, ((scheme, err), m) in enumerate(zip(errors.items(), "osD^v")):
+        words = SCHEME_WORDS.get(scheme, scheme)
+        ax.plot(x, err, marker=m, color=_scheme_colour(words, k), label=words)
+    ax.set_xticks(x, [OP_WORDS.get(op, op) for op in ops], rotation=35, ha="right")
     ax.set_yscale("log")
-    ax.set_ylabel("relative error vs float64")
-    ax.legend(ncol=2)
+    log_ticks(ax, "y")
+    ax.set_ylabel("relative error against float64")
+    direct_labels(ax, pad_pt=6)
     err = np.array(list(errors.values()), dtype=float)            # (schemes, ops)
-    names = list(errors)
+    names = [SCHEME_WORDS.get(s, s) for s in errors]
+    words = [OP_WORDS.get(op, op) for op in ops]
     # where each scheme's error jumps most from one op to the next: where quantisation enters
-    jumps = {ops[1 + int(np.argmax(e[1:] / e[:-1]))] for e in err} if len(ops) > 1 else set()
+    jumps = {words[1 + int(np.argmax(e[1:] / e[:-1]))] for e in err} if len(ops) > 1 else set()
     high, low = names[int(np.argmax(err[:, -1]))], names[int(np.argmin(err[:, -1]))]
-    start = (f"below 1e-5 (round-off)" if err[:, 0].max() < 1e-5 else f"up to {err[:, 0].max():.2g}")
-    alt = (f"Relative error of each intermediate of the quantised block, {len(names)} schemes: "
-           + (f"it jumps at {jumps.pop()}; " if len(jumps) == 1 else "")
-           + f"at {ops[-1]}, {high} highest, {low} lowest.")
+    start = ("below 10\u207b\u2075 (round-off)" if err[:, 0].max() < 1e-5
+             else f"up to {err[:, 0].max():.2g}")
+    alt = (f"Relative error per op of the quantised block, {len(names)} schemes: "
+           + (f"it jumps at the {jumps.pop()}; " if len(jumps) == 1 else "")
+           + f"at the output {high} highest, {low} lowest.")
     description = (f"Log-scale line plot of the relative error against float64 of each intermediate of the quantised "
-                   f"block, in forward order from {ops[0]} to {ops[-1]}, for the schemes {', '.join(names)}. "
-                   f"At {ops[0]} every scheme's error is {start}. Each scheme's largest jump from one op to the next "
-                   f"is at " + ", ".join(f"{ops[1 + int(np.argmax(e[1:] / e[:-1]))]} ({n})" for n, e in zip(names, err))
-                   + f". At {ops[-1]} the errors are "
-                   + ", ".join(f"{e[-1]:.2g} ({n})" for n, e in zip(names, err)) + ".")
+                   f"block, in forward order from {words[0]} to {words[-1]} (" + ", ".join(words[1:-1])
+                   + f" between), for the schemes {'; '.join(names)}. "
+                   f"At {words[0]} every scheme's error is {start}. Each scheme's largest jump from one op to the next "
+                   f"is at the " + "; ".join(f"{words[1 + int(np.argmax(e[1:] / e[:-1]))]} ({n})"
+                                             for n, e in zip(names, err))
+                   + f". At the {words[-1]} the errors are "
+                   + "; ".join(f"{e[-1]:.2g} ({n})" for n, e in zip(names, err)) + ".")
     return set_alt(fig, short_alt(alt), description)
 
 
@@ -141,10 +171,13 @@ def plot_outlier_channels(before, after, channels):
     ax.bar(d - 0.2, before, width=0.4, color=BLUE, label="trained model")
     ax.bar(d + 0.2, after, width=0.4, color=VERMILLION, label="outliers injected (same function)")
     ax.axhline(6.0, color=BLACK, ls=":", lw=1)
-    ax.annotate("LLM.int8 threshold 6", (len(before) - 1, 6.0), xytext=(0, 3), ha="right",
+    edges = [-1, *sorted(int(c) for c in channels), len(before)]    # the widest run of ordinary
+    gap = max(zip(edges, edges[1:]), key=lambda e: e[1] - e[0])       # channels holds the label
+    ax.annotate("LLM.int8 threshold 6", (gap[0] + 1.0, 6.0), xytext=(0, 3), ha="left",
                 textcoords="offset points", fontsize=9)
     ax.set_yscale("log")
-    ax.set_xlabel("feature channel j of LN1's output (layer 0); outliers at " +
+    log_ticks(ax, "y")
+    ax.set_xlabel("feature channel $j$ of LayerNorm 1's output (layer 0); outliers at " +
                   ", ".join(str(int(c)) for c in channels))
     ax.set_ylabel("max |h$_j$| over tokens")
     legend_outside(ax)
@@ -166,24 +199,44 @@ def plot_outlier_channels(before, after, channels):
 
 
 def plot_sweeps(thresholds, ppl_thr, frac_thr, alphas, ppl_alpha, ppl_float, ppl_tensor):
-    """LLM.int8's threshold and SmoothQuant's alpha against held-out perplexity (outlier model)."""
+    """LLM.int8's threshold and SmoothQuant's alpha against held-out perplexity (outlier model).
+
+    The threshold points are labelled with the share of input columns kept in float16 where that
+    share changes (a run of equal shares is labelled once), in two rows above the line.
+    """
     fig = Figure(figsize=(COLUMN_IN - 0.2, 3.9))
     ax, bx = fig.subplots(1, 2, sharey=True)
     ax.plot(thresholds, ppl_thr, marker="o", color=series_colour("LLM.int8"), label="LLM.int8")
-    ax.axhline(ppl_float, color=BLACK, ls=":", lw=1, label="float64")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("threshold")
+    ticks = [t for t in (0.5, 2, 6, 16, 64, 256) if min(thresholds) <= t <= max(thresholds)]
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("LLM.int8 threshold")
     ax.set_ylabel("held-out perplexity")
-    for t, p, f in zip(thresholds, ppl_thr, frac_thr):
-        ax.annotate(f"{100 * f:.0f}%", (t, p), xytext=(0, 5), textcoords="offset points",
-                    ha="center", fontsize=9)
-    legend_outside(ax, ncol=1)
+    shares = [f"{100 * f:.0f} %" for f in frac_thr]
+    shown = [k for k, s in enumerate(shares) if k == 0 or s != shares[k - 1]]
+    for n, k in enumerate(shown):            # two rows above the line, so neighbours never touch
+        ax.annotate(shares[k], (thresholds[k], ppl_thr[k]), xytext=(0, 20 if n % 2 else 6),
+                    textcoords="offset points", ha="center", va="bottom", fontsize=9,
+                    color=series_colour("LLM.int8"))
+    ax.annotate("% = input columns in float16", (0.02, 0.97), xycoords="axes fraction",
+                ha="left", va="top", fontsize=9)
     bx.plot(alphas, ppl_alpha, marker="s", color=series_colour("SmoothQuant"),
             label="SmoothQuant, per tensor")
-    bx.axhline(ppl_float, color=BLACK, ls=":", lw=1)
-    bx.axhline(ppl_tensor, color=VERMILLION, ls="--", lw=1, label="per-tensor W8A8")
-    bx.set_xlabel(r"migration strength $\alpha$")
-    legend_outside(bx, ncol=1)
+    bx.axhline(ppl_tensor, color=W8A8_COLOURS["per-tensor W8A8"], ls="--", lw=1.5)
+    bx.annotate(f"per-tensor W8A8: {ppl_tensor:.2f}", (0.5, ppl_tensor), xycoords=("axes fraction", "data"),
+                xytext=(0, -4), textcoords="offset points", ha="center", va="top", fontsize=9,
+                color=W8A8_COLOURS["per-tensor W8A8"])
+    bx.annotate("SmoothQuant, per tensor", (alphas[len(alphas) // 2], ppl_alpha[len(alphas) // 2]),
+                xytext=(0, 9), textcoords="offset points", ha="center", va="bottom", fontsize=9,
+                color=series_colour("SmoothQuant"))
+    bx.set_xlabel(r"SmoothQuant migration strength $\alpha$")
+    for a in (ax, bx):
+        a.axhline(ppl_float, color=BLACK, ls=":", lw=1)
+    lo, hi = ax.get_ylim()                   # room under the dotted line for its label
+    ax.set_ylim(min(lo, ppl_float - 0.08 * (hi - lo)), hi)
+    ax.annotate(f"float64: {ppl_float:.2f}", (0.98, ppl_float), xycoords=("axes fraction", "data"),
+                xytext=(0, -4), textcoords="offset points", ha="right", va="top", fontsize=9)
     ppl_thr, frac_thr, ppl_alpha = (np.asarray(a, dtype=float) for a in (ppl_thr, frac_thr, ppl_alpha))
     near = ppl_thr < 1.01 * ppl_float                            # within 1 % of the float model
     first_far = int(np.argmin(near)) if not near.all() else len(near)
@@ -193,12 +246,12 @@ def plot_sweeps(thresholds, ppl_thr, frac_thr, alphas, ppl_alpha, ppl_float, ppl
            f"per-tensor W8A8 {ppl_tensor:.3g}.")
     description = (f"Two panels of held-out perplexity, on one scale, with the float64 perplexity {ppl_float:.3g} "
                    f"dotted. Left: LLM.int8 against its threshold from {thresholds[0]:g} to {thresholds[-1]:g} "
-                   f"(log scale), each point labelled with the percentage of input columns kept in float16 "
+                   f"(log scale), labelled where it changes with the percentage of input columns kept in float16 "
                    f"({100 * frac_thr[0]:.0f} % at the lowest threshold, {100 * frac_thr[-1]:.0f} % at the highest); "
                    f"the perplexity is {near_words} and {ppl_thr[-1]:.3g} at the highest threshold. Right: "
                    f"SmoothQuant with per-tensor scales against its migration strength alpha from {alphas[0]:g} to "
                    f"{alphas[-1]:g}: perplexity {span(ppl_alpha)}, against {ppl_tensor:.3g} for per-tensor W8A8 "
-                   f"(dashed).")
+                   f"(the dashed line at the top).")
     return set_alt(fig, short_alt(alt), description)
 
 
@@ -206,22 +259,33 @@ def plot_weight_bits_decode(model, roofs, batches, context, bits=(16, 8, 4), gro
     """Predicted decode throughput (tokens/s, the roofline's bound) of ``model`` against the batch
     size with its weights stored in 16, 8 and 4 bits, on each of ``roofs`` ({label: Roofline})."""
     from preln.chapters.inference import step_time
-    fig = Figure(figsize=(7.2, 3.6))
+    fig = Figure(figsize=(COLUMN_IN - 0.2, 3.6))
     axes = fig.subplots(1, len(roofs), sharey=True)
     axes = np.atleast_1d(axes)
     tps = {}                                                     # (roof label, bits) -> tokens/s per batch
+    names = {}
     for ax, (label, roof) in zip(axes, roofs.items()):
         for b, c, m in zip(bits, [BLUE, ORANGE, GREEN], "os^"):
             g = None if b >= 8 else group_size
             tps[label, b] = np.array([n / step_time(model, roof, n, 1, context, 2, b, g) for n in batches])
-            ax.loglog(batches, tps[label, b], marker=m, ms=4, color=c,
-                      label=f"{b}-bit weights" + (f", groups of {g}" if g else ""))
+            names[b] = f"{b}-bit" + (f", g{g}" if g else "")
+            ax.loglog(batches, tps[label, b], marker=m, ms=4, color=c, label=names[b])
         ax.set_xlabel("batch (sequences)")
-        ax.set_title(f"{model.name} on {label}, context {context}", fontsize=9)
+        ax.set_title(f"{label}", fontsize=11)
         ax.minorticks_off()
-    for ax in axes:
-        ax.set_ylabel("tokens per second (roofline bound)")
-    axes[0].legend(loc="upper left")
+        ax.set_xticks([n for n in (1, 10, 100, 1000) if batches[0] <= n <= batches[-1]])
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axes[0].set_ylabel("tokens per second\n(roofline bound)")
+    log_ticks(axes[0], "y")                      # (shared by both panels) its numbers, and
+    axes[0].yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))   # 1-2-5 per decade
+    # each line named left of its first point, where no line runs (room made on the x axis)
+    first = axes[0]
+    first.set_xlim(batches[0] / 10 ** 1.1, batches[-1] * 1.6)
+    for ln in first.get_lines():
+        first.annotate(ln.get_label(), (ln.get_xdata()[0], ln.get_ydata()[0]), xytext=(-6, 0),
+                       textcoords="offset points", ha="right", va="center", color=ln.get_color(),
+                       fontsize=10)
+    fig.suptitle(f"{model.name}, context {context}", fontsize=11)
 
     def gain(label, b, i):                       # throughput of b-bit weights over the widest, at batches[i]
         return tps[label, b][i] / tps[label, bits[0]][i]
@@ -255,21 +319,29 @@ def plot_weight_bits_decode(model, roofs, batches, context, bits=(16, 8, 4), gro
 def plot_matvec(rows, bandwidth):
     """Measured time of y = W x per storage format, with the time its bytes need at ``bandwidth``
     (bytes/s, measured): a format below its marker is not memory-bound (its arithmetic binds)."""
-    fig = Figure(figsize=(6.8, 3.2))
+    fig = Figure(figsize=(COLUMN_IN - 0.2, 3.4))
     ax = fig.add_subplot()
     y = np.arange(len(rows))[::-1]
     ax.barh(y, [1e3 * r.seconds for r in rows], height=0.55, color=BLUE, label="measured (best CPU time)")
     ax.plot([1e3 * r.nbytes / bandwidth for r in rows], y, "D", color=VERMILLION, ms=7,
             label="bytes / measured bandwidth")
     for yy, r in zip(y, rows):
-        ax.annotate(f"{r.nbytes / 2**20:.0f} MiB", (1e3 * r.seconds, yy), xytext=(4, -3),
-                    textcoords="offset points", fontsize=9)
-    ax.set_yticks(y, [r.name for r in rows], fontsize=9)
+        ax.annotate(f"{r.nbytes / 2**20:.0f} MiB", (1e3 * max(r.seconds, r.nbytes / bandwidth), yy),
+                    xytext=(8, 0), textcoords="offset points", va="center", fontsize=10)
+    ax.set_yticks(y, [r.name for r in rows], fontsize=10)
     ax.set_xlabel("ms per matrix-vector product (one core)")
     ax.set_ylabel("weight storage")
     ax.grid(axis="y", visible=False)
-    ax.legend(loc="lower right")
+    ax.tick_params(axis="y", length=0)
     ax.set_xlim(0, ax.get_xlim()[1] * 1.15)
+    ax.set_ylim(-0.5, len(rows) - 0.5 + 1.0)          # room above the bars for the key
+    # the key, in the room above the first bar (no legend box): the bar, then the diamond
+    ax.annotate("bars: measured time (best CPU time)", (0, 1), xycoords="axes fraction",
+                xytext=(4, -2), textcoords="offset points", ha="left", va="top", fontsize=10,
+                color=BLUE)
+    ax.annotate(f"\u25c6 the time its bytes take at {bandwidth / 1e9:.2g} GB/s", (0, 1),
+                xycoords="axes fraction", xytext=(4, -17), textcoords="offset points", ha="left",
+                va="top", fontsize=10, color=VERMILLION)
     # measured times: the notebook's cell ignores its output under nbval; 2 figures are what repeats carry
     ref = rows[0]
     over = [r.seconds / (r.nbytes / bandwidth) for r in rows]    # measured time over the bytes' time
@@ -355,16 +427,21 @@ def plot_calibration(clips, errors, marks, bits):
     errors: {label: array over ``clips``}; marks: {method: (clip, error)} on one of the curves (its
     label says which, as in "mse (4-bit)").
     """
-    fig = Figure(figsize=(6.4, 3.4))
+    fig = Figure(figsize=(COLUMN_IN - 0.2, 3.6))
     ax = fig.add_subplot()
     for (label, err), c in zip(errors.items(), [BLUE, ORANGE]):
         ax.plot(clips, err, "-", color=c, label=label)
-    for (method, (c, e)), colour, m in zip(marks.items(), [VERMILLION, PURPLE, GREEN], "Dso"):
-        ax.plot([c], [e], m, color=colour, ms=8, label=method)
     ax.set_yscale("log")
-    ax.set_xlabel(f"clip c (the largest value kept), {bits}-bit symmetric grid")
+    ax.set_xlabel(f"clip $c$ (the largest value kept), {bits}-bit symmetric grid")
     ax.set_ylabel("mean squared error")
-    ax.legend()
+    direct_labels(ax, pad_pt=6)
+    # each calibration's clip, marked on its curve and named beside the mark
+    for k, ((method, (c, e)), colour, m) in enumerate(zip(marks.items(), [VERMILLION, PURPLE, GREEN],
+                                                          "Dso")):
+        ax.plot([c], [e], m, color=colour, ms=8, label="_" + method)
+        ax.annotate(method, (c, e), xytext=(4, -8 - 14 * (k % 2)), textcoords="offset points",
+                    ha="left" if c < 0.6 * np.max(clips) else "right", va="top", fontsize=10,
+                    color=colour)
     clips = np.asarray(clips, dtype=float)
     top = clips.max()
 

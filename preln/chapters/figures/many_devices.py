@@ -69,7 +69,7 @@ def plot_memory(model="Llama 2 7B", stage=0):
                 textcoords="offset points", ha="right", va="bottom",
                 fontsize=10, bbox=dict(facecolor="white", edgecolor="none", pad=1))
     ax.set_xticks(x, [str(P) for P in WORLDS])
-    ax.set_xlabel("data-parallel ranks P")
+    ax.set_xlabel("data-parallel ranks $P$")
     ax.set_ylabel("memory per device (GB)")
     ax.set_title(f"{model}, ZeRO stage {stage}")
     legend_outside(ax, where="below")
@@ -108,16 +108,20 @@ def plot_tp_times(model, tokens, degrees=(1, 2, 4, 8, 16, 32, 64)):
     comp = [par.tp_layer_times(m, tokens, P, par.LINKS["NVLink 4"])[0] * 1e3 for P in degrees]
     comms = {name: [par.tp_layer_times(m, tokens, P, link)[1] * 1e3 for P in degrees[1:]]
              for name, link in par.LINKS.items()}
-    ax.loglog(degrees, comp, "-o", color=PALETTE[6], lw=2, label="compute (H100, dense 16-bit)")
+    ax.loglog(degrees, comp, "-o", color=PALETTE[6], lw=2, label="compute per rank")
+    # the links by name, in the order of their speed; the dashes say "communication"
     for (name, comm), colour, marker in zip(comms.items(), PALETTE, "s^D"):
-        ax.loglog(degrees[1:], comm, "--" + marker, color=colour, label=f"all-reduces over {name}")
+        ax.loglog(degrees[1:], comm, "--" + marker, color=colour,
+                  label=f"all-reduces, {name.replace(' x', ' ×')}")
     ax.set_xticks(degrees, [str(P) for P in degrees])
     ax.minorticks_off()
-    ax.set_xlabel("tensor-parallel degree P")
-    ax.set_ylabel("time per layer (ms)")
-    ax.set_title(f"{model}, {tokens} tokens, forward + backward")
+    ax.set_xlabel("tensor-parallel degree $P$")
+    ax.set_ylabel("time per layer and step (ms)")
+    ax.set_title(f"One {model} layer, {tokens} tokens, forward + backward on H100s (16-bit)",
+                 loc="left", fontsize=11)
     log_ticks(ax, "y")
-    direct_labels(ax)
+    # a line apart, clear of the last markers: the slow links' ends lie close together
+    direct_labels(ax, pad_pt=7.0, gap_pt=15.0)
     # the words: where each link's all-reduces first take at least the compute time
     first = {name: next((P for P, c, t in zip(degrees[1:], comm, comp[1:]) if c >= t), None)
              for name, comm in comms.items()}
@@ -166,7 +170,7 @@ def plot_schedule(p, m):
     ax.set_xticks(np.arange(grid.shape[1]) + 0.47, [str(t + 1) for t in range(grid.shape[1])])
     ax.set_xlabel("time step")
     ax.set_ylabel("pipeline stage")
-    ax.set_title(f"p = {p} stages, m = {m} micro-batches: grey is the bubble, "
+    ax.set_title(f"${p = }$ stages, ${m = }$ micro-batches: grey is the bubble, "
                  f"{100 * par.bubble_fraction(p, m):.0f} %", fontsize=10)
     for side in ("top", "right", "left", "bottom"):
         ax.spines[side].set_visible(False)

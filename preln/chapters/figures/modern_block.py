@@ -214,7 +214,8 @@ def experiment_configs(vocab_size):
 
 def build_model(name, vocab_size, seed):
     cfg = experiment_configs(vocab_size)[name]
-    return TinyLM(cfg, seed=seed) if name == "gpt" else LlamaLM(cfg, seed=seed)
+    family = TinyLM if name == "gpt" else LlamaLM
+    return family(cfg, dtype=np.float64, seed=seed)
 
 
 def round_like_reference(model):

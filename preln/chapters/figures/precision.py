@@ -17,10 +17,10 @@ from matplotlib.patches import Patch
 
 from preln.chapters import numerics
 from preln.chapters.viz import (COLUMN_IN, OKABE_ITO, PALETTE, control, direct_labels,
-                                figure_legend, legend_outside, table_caption, tex_number)
+                                series_colour, table_caption, tex_number)
 from preln.nb import listed, set_alt, short_alt, sig
 
-__all__ = ["Table", "plot_number_line", "plot_softmax_overflow", "plot_layernorm_thresholds",
+__all__ = ["Table", "dtype_colour", "plot_number_line", "plot_softmax_overflow", "plot_layernorm_thresholds",
            "plot_overflow_map", "overflow_map_alt", "plot_stream_growth", "plot_loss_scale_window",
            "plot_dynamic_scaling", "EXPLORABLES"]
 
@@ -31,6 +31,8 @@ BLUE, VERMILLION, GREEN, ORANGE, SKY, PURPLE, BLACK, YELLOW = PALETTE
 # CIELAB distance 1.3 from vermillion under deuteranopia); the legend's swatches get a black edge,
 # which stands out from the white page whatever their fill.
 STATUS_COLOURS = [OKABE_ITO[4], OKABE_ITO[7], VERMILLION, BLACK]
+#: direct labels stacked in one column stay this far apart (points): a 10 pt line and a little air
+STACK_GAP_PT = 13.0
 
 
 
@@ -73,23 +75,27 @@ class Table:
         return "\n".join(([self.caption] if self.caption else []) + lines)
 
 
+def dtype_colour(name):
+    """The book's colour of a number format (viz.DTYPE_COLOURS): float8_e4m3fn and float8_e5m2 are fp8."""
+    return series_colour("fp8" if name.startswith("float8") else name)
+
+
 def plot_number_line(rows):
     """Positive range of each format on a log axis: subnormals (light), normals (solid), eps (tick).
 
-    rows: numerics.format_rows().
+    rows: numerics.format_rows(). Each format in its colour of the whole book (series_colour).
     """
-    fig = Figure(figsize=(7.0, 3.0))
+    fig = Figure(figsize=(COLUMN_IN - 0.2, 3.0))
     ax = fig.add_subplot()
-    colours = [BLUE, GREEN, ORANGE, PURPLE, VERMILLION]
     for i, r in enumerate(rows):
-        c = colours[i % len(colours)]
+        c = dtype_colour(r["name"])
         lo, mid, hi = (math.log10(r[k]) for k in ("min_subnormal", "min_normal", "max"))
         ax.barh(i, mid - lo, left=lo, height=0.5, color=c, alpha=0.35, hatch="//", edgecolor=c)
         ax.barh(i, hi - mid, left=mid, height=0.5, color=c)
         ax.annotate(f"max {tex_number(r['max'])}", (hi, i), xytext=(4, 0), textcoords="offset points",
-                    va="center", fontsize=9)
+                    va="center", color=c, fontsize=10)
     ax.set_yticks(range(len(rows)), [r["name"] for r in rows])
-    ax.set_xlabel("log$_{10}$ |value| (hatched: subnormal, solid: normal)")
+    ax.set_xlabel(r"$\log_{10}\,|\mathrm{value}|$ (hatched: subnormal, solid: normal)")
     ax.set_xlim(-47, 48)
     ax.invert_yaxis()
     ax.grid(axis="y", visible=False)
@@ -239,18 +245,20 @@ def plot_stream_growth(curves, widths, xavier=None):
     fig = Figure(figsize=(COLUMN_IN - 0.2, 3.8))
     ax = fig.add_subplot()
     for (d, m), c in zip(curves.items(), [BLUE, GREEN, PURPLE]):
-        ax.plot(np.arange(len(m)), m, color=c, label=f"PyTorch init, D = {d}")
+        ax.plot(np.arange(len(m)), m, color=c, label=f"PyTorch init, $D = {d}$")
     # not orange: dashed like the vermillion limits, and the same colour as them under deuteranopia
     for (d, m), c in zip((xavier or {}).items(), [BLACK, SKY]):
-        ax.plot(np.arange(len(m)), m, color=c, ls="--", label=f"Xavier, theory, D = {d}")
+        ax.plot(np.arange(len(m)), m, color=c, ls="--", label=f"Xavier init (theory), $D = {d}$")
     for D, ls in zip(widths, ["-", "--", ":"]):
         ax.axhline(65520.0 / D, color=VERMILLION, ls=ls, lw=1.2,
-                   label=f"float16 limit, D = {D}")
+                   label=f"float16 limit for $D = {D}$")
     ax.set_xlabel("depth $l$ (blocks applied)")
     ax.set_ylabel("mean square per token")
     ax.set_title("Residual stream (float32) against float16 LayerNorm's limit $65520/D$",
                  loc="left", fontsize=11)
-    direct_labels(ax, max_series=8)
+    # the curves named where they end, the limits at the right edge: one column of names, spaced
+    # a line apart (the widths' limits and the curves' ends can lie close together)
+    direct_labels(ax, max_series=len(curves) + len(xavier or {}) + len(widths), gap_pt=STACK_GAP_PT)
     limits = {D: 65520.0 / D for D in widths}
 
     def reading(name, d, m):
@@ -323,17 +331,24 @@ def plot_dynamic_scaling(run, grad_rms):
     steps = np.arange(len(run["scale"]))
     ax.plot(steps, np.log2(run["scale"]), color=BLUE, drawstyle="steps-post", label="loss scale")
     ax.plot(steps, np.log2(65504.0 / run["max_abs"]), color=BLACK, ls=":",
-            label="log$_2$(65504 / max|grad|): overflow above")
+            label="overflow above this")
     sk = run["skipped"]
-    ax.scatter(steps[sk], np.log2(run["scale"][sk]), marker="x", color=VERMILLION, zorder=3,
-               label="overflow: step skipped, scale halved")
-    ax.set_ylabel("log$_2$ scale")
+    ax.scatter(steps[sk], np.log2(run["scale"][sk]), marker="x", color=VERMILLION, zorder=3)
+    if sk.any():     # the crosses named once, below the last of them, where the staircase is not
+        last = steps[sk][-1]
+        ax.annotate("overflow: step skipped,\nscale halved", (last, np.log2(run["scale"][last])),
+                    xytext=(12, -34), textcoords="offset points", ha="left", va="top",
+                    color=VERMILLION, fontsize=10,
+                    arrowprops=dict(arrowstyle="-", color=VERMILLION, lw=0.8, shrinkB=4))
+    ax.set_ylabel(r"$\log_2$ scale")
+    direct_labels(ax)
+    # not blue: the lower panel's series are other quantities than the loss scale above
     bx.plot(steps, 100 * run["flushed_unscaled"], color=ORANGE, label="no loss scaling")
-    bx.plot(steps, 100 * run["flushed"], color=BLUE, label="dynamic loss scaling")
+    bx.plot(steps, 100 * run["flushed"], color=GREEN, label="dynamic loss scaling")
     bx.set_ylabel("entries lost (%)")
     bx.set_xlabel("step (upstream gradient rms falls from "
                   f"$2^{{{math.log2(grad_rms[0]):.0f}}}$ to $2^{{{math.log2(grad_rms[-1]):.0f}}}$)")
-    figure_legend(fig, (ax, bx))
+    direct_labels(bx, gap_pt=STACK_GAP_PT)
     log_scale, bound = np.log2(run["scale"]), np.log2(65504.0 / run["max_abs"])
     grown = np.nonzero(np.diff(log_scale) > 0)[0]
     every = f", and otherwise doubles every {np.median(np.diff(grown)):g} steps" if grown.size > 1 else ""
@@ -353,8 +368,8 @@ def plot_dynamic_scaling(run, grad_rms):
                    f"mark the skipped steps, " + listed(str(i) for i in steps[sk]) + f"){every}; it stays "
                    f"{below} the dotted overflow bound log2(65504 / max|grad|), which goes from "
                    f"{bound[0]:.0f} to {bound[-1]:.0f}. Bottom: percentage of gradient entries lost: without "
-                   f"loss scaling it goes from {_under(run['flushed_unscaled'][0])} to "
-                   f"{sig(100 * run['flushed_unscaled'][-1])} %; with dynamic scaling it stays {lost}.")
+                   f"loss scaling (orange) it goes from {_under(run['flushed_unscaled'][0])} to "
+                   f"{sig(100 * run['flushed_unscaled'][-1])} %; with dynamic scaling (green) it stays {lost}.")
     return set_alt(fig, short_alt(alt), description)
 
 

@@ -10,7 +10,7 @@ import json
 import matplotlib.pyplot as plt
 import numpy as np
 
-from preln.chapters.viz import COLUMN_IN, PALETTE, control, legend_outside
+from preln.chapters.viz import COLUMN_IN, PALETTE, control, direct_labels, legend_outside
 from preln.chapters.xiong import DATA_DIR, PAPER_FIG3A, fit_exponent, lemma2_bounds
 from preln.nb import fixed, listed, set_alt, short_alt, sig
 
@@ -94,7 +94,7 @@ def plot_lemma2(pre, post):
     ax.plot(l, pre, "o-", color=PRE, label="Pre-LN, measured")
     ax.plot(np.arange(1, len(post) + 1), post, "s-", color=POST, label="Post-LN, measured")
     ax.axhline(1.5, color=POST, ls=":", lw=1.5, label="Post-LN, Lemma 2: 3/2")
-    ax.set_xlabel("layer l")
+    ax.set_xlabel("layer $l$")
     ax.set_ylabel(r"$E\,\|x_l\|^2 / d$")
     ax.legend(loc="upper left")
     # a Monte-Carlo estimate: "inside the band" allows 5 % sampling error, as the chapter's check does
@@ -114,6 +114,19 @@ def plot_lemma2(pre, post):
     return set_alt(fig, short_alt(alt), description)
 
 
+def _exponent(k):
+    """A fitted exponent as the figure says it: two decimals with the Unicode minus, and a slope
+    that rounds to zero as 0 (never "−0.00")."""
+    words = fixed(k)
+    return "0" if float(words.replace("−", "-")) == 0 else words
+
+
+def _power_law(k):
+    """The fitted law's label, typeset: $\\propto L^{-0.57}$, or "flat, $\\propto L^0$"."""
+    e = _exponent(k)
+    return "flat, $\\propto L^{0}$" if e == "0" else f"$\\propto L^{{{e.replace('−', '-')}}}$"
+
+
 def plot_theorem1(depths, pre, post, fits, batch_pre=None, batch_post=None):
     """Last-layer ||dL/dW2||_F against depth, log-log, with the fitted power laws.
 
@@ -125,8 +138,9 @@ def plot_theorem1(depths, pre, post, fits, batch_pre=None, batch_post=None):
     Lf = np.geomspace(L.min(), L.max(), 50)
     for key, vals, color, marker in (("pre", pre, PRE, "o"), ("post", post, POST, "s")):
         slope, c = fits[key]
-        ax.plot(L, vals, marker, color=color, label=f"{_name(key == 'pre')}, measured")
-        ax.plot(Lf, c * Lf ** slope, "-", color=color, lw=1.5, label=f"fit: $L^{{{slope:.2f}}}$")
+        ax.plot(L, vals, marker, color=color, label=f"{_name(key == 'pre')}, one position")
+        ax.plot(Lf, c * Lf ** slope, "-", color=color, lw=1.5,
+                label=f"{_name(key == 'pre')} fit: {_power_law(slope)}")
     for vals, color, marker, name in ((batch_pre, PRE, "o", "Pre-LN"), (batch_post, POST, "s", "Post-LN")):
         if vals is not None:
             ax.plot(L, vals, marker, mfc="none", color=color, label=f"{name}, batch-mean loss")
@@ -135,13 +149,13 @@ def plot_theorem1(depths, pre, post, fits, batch_pre=None, batch_post=None):
     ax.set_xticks(L)
     ax.set_xticklabels([str(int(v)) for v in L])
     ax.minorticks_off()
-    ax.set_xlabel("number of layers L")
-    ax.set_ylabel(r"$\|\partial \mathcal{L} / \partial W^{2,L}\|_F$ (nats per unit weight)")
+    ax.set_xlabel("number of layers $L$")
+    ax.set_ylabel(r"$\|\partial \mathcal{L} / \partial W_2^{(L)}\|_F$ (nats per unit weight)")
     legend_outside(ax)
 
     def trend(vals, k):
         verb = "stays level" if abs(k) < 0.1 else "falls" if k < 0 else "grows"
-        return f"{verb} as L^{fixed(k)} ({sig(vals[0])} to {sig(vals[-1])})"
+        return f"{verb} as L^{_exponent(k)} ({sig(vals[0])} to {sig(vals[-1])})"
 
     span = f"L = {int(L.min())} to {int(L.max())}"
     alt = (f"Last-layer W2 gradient norm against depth {span}: Pre-LN {trend(pre, fits['pre'][0])}; "
@@ -155,8 +169,8 @@ def plot_theorem1(depths, pre, post, fits, batch_pre=None, batch_post=None):
              for name, vals, key in (("Pre-LN", batch_pre, "pre"), ("Post-LN", batch_post, "post")) if vals is not None]
     if batch:
         description += " Open markers, the gradient of the batch-mean loss: " + "; ".join(
-            f"{name} from {sig(vals[0])} to {sig(vals[-1])}, exponent {fixed(k)}, "
-            f"{'above' if k > k_one else 'below'} the one-position {fixed(k_one)}"
+            f"{name} from {sig(vals[0])} to {sig(vals[-1])}, exponent {_exponent(k)}, "
+            f"{'above' if k > k_one else 'below'} the one-position {_exponent(k_one)}"
             for name, vals, k, k_one in batch) + "."
     return set_alt(fig, short_alt(alt), description)
 
@@ -164,9 +178,9 @@ def plot_theorem1(depths, pre, post, fits, batch_pre=None, batch_post=None):
 def plot_fig3a(theory_pre, theory_post, lm_pre, lm_post):
     """Per-layer ||dL/dW1||_F at initialisation: the paper's (approximate), theory setting, our LM."""
     fig, axes = plt.subplots(1, 3, figsize=(9.5, 3.4), sharex=True)
-    panels = (("Xiong et al. Fig. 3(a)\n(IWSLT, d=512; approximate)", PAPER_FIG3A["pre"], PAPER_FIG3A["post"]),
-              ("theory setting\n(Gaussian inputs, d=64)", theory_pre, theory_post),
-              ("our tiny LM at init\n(corpus, d=64)", lm_pre, lm_post))
+    panels = (("Xiong et al. Fig. 3(a)\n(IWSLT, $d = 512$; approximate)", PAPER_FIG3A["pre"], PAPER_FIG3A["post"]),
+              ("theory setting\n(Gaussian inputs, $d = 64$)", theory_pre, theory_post),
+              ("our tiny LM at init\n(corpus, $d = 64$)", lm_pre, lm_post))
     for ax, (title, pre, post) in zip(axes, panels):
         layers = np.arange(1, len(pre) + 1)
         ax.plot(layers, pre, "o-", color=PRE, label="Pre-LN")
@@ -202,11 +216,11 @@ def plot_theory_grid(depth, width):
             ax.plot(layers, g[key], "o-" if norm_first else "s--", ms=4,
                     color=PRE if norm_first else POST, label=_name(norm_first))
     for ax, w in zip(axes, ("W^1", "W^2")):
-        ax.set_xlabel("layer l")
+        ax.set_xlabel("layer $l$")
         ax.set_ylabel(rf"$\|\partial \mathcal{{L}}/\partial {w}_l\|_F$")
         ax.set_ylim(bottom=0)
     axes[0].legend()
-    fig.suptitle(f"gradient norms at initialisation, L = {depth} layers, width d = {width}", fontsize=11)
+    fig.suptitle(f"gradient norms at initialisation, $L = {depth}$ layers, width $d = {width}$", fontsize=11)
     return fig
 
 
@@ -233,7 +247,7 @@ def plot_training(depth, lr, seed=0):
     ax.set_xlabel("step")
     ax.set_ylabel("training loss (nats/char, 10-step mean)")
     ax.set_ylim(0.8, 3.8)
-    ax.set_title(f"L = {depth} layers, peak lr = {lr:g}, seed {seed}", fontsize=11)
+    ax.set_title(f"$L = {depth}$ layers, peak lr {lr:g}, seed {seed}", fontsize=11)
     legend_outside(ax)
     ends = {}                        # variant -> (run, its plotted curve)
     for norm_first in (True, False):
@@ -312,7 +326,10 @@ def plot_final_loss():
     data = load_runs()
     grid = data["grid"]
     depths, lrs = sorted(grid["n_layers"]), grid["lr"]
-    fig, axes = plt.subplots(1, len(depths), figsize=(8.5, 3.4), sharey=True)
+    # at the column's width: the variants named where they end in the last panel, the deepest
+    # stack's, where they lie apart (the same line styles in every panel)
+    fig, axes = plt.subplots(1, len(depths), figsize=(COLUMN_IN - 0.2, 3.6), sharey=True,
+                             layout="constrained")
     for ax, L in zip(np.atleast_1d(axes), depths):
         for norm_first in (True, False):
             for warm in (True, False):
@@ -324,9 +341,9 @@ def plot_final_loss():
         ax.set_xticklabels([f"{v:g}" for v in lrs])
         ax.minorticks_off()
         ax.set_xlabel("peak learning rate")
-        ax.set_title(f"L = {L} layers", fontsize=11)
+        ax.set_title(f"$L = {L}$ layers", fontsize=11)
     np.atleast_1d(axes)[0].set_ylabel("held-out loss after 300 steps\n(nats/char, mean of seeds)")
-    np.atleast_1d(axes)[0].legend()
+    direct_labels(np.atleast_1d(axes)[-1], gap_pt=13.0)
     seeds, steps = tuple(grid["seed"]), data["fixed"]["steps"]
     final = {(L, nf, warm): [final_eval(nf, L, lr, 100 if warm else 0, seeds) for lr in lrs]
              for L in depths for nf in (True, False) for warm in (True, False)}

@@ -49,7 +49,7 @@ def plot_bytes_vs_perplexity(points, ppl_float):
                     va="center", fontsize=10, color="0.15")
     ax.axvline(ppl_float, color="0.35", ls="--", lw=1, zorder=0)
     ax.annotate(f"float32: {ppl_float:.1f}", (ppl_float, 1), xycoords=("data", "axes fraction"),
-                xytext=(0, 3), textcoords="offset points", ha="center", va="bottom",
+                xytext=(4, 3), textcoords="offset points", ha="left", va="bottom",
                 fontsize=10, color="0.25")
     ax.set_xscale("log")
     lo = min(min(p for *_, p in points), ppl_float)
@@ -60,9 +60,11 @@ def plot_bytes_vs_perplexity(points, ppl_float):
     ax.set_yticks(list(rows), [f"{label} · {nbytes / 1e6:.0f} MB" for label, nbytes, _ in points])
     ax.grid(axis="y", visible=False)
     ax.tick_params(axis="y", length=0)
-    ax.set_xlabel("perplexity on the licence text (log scale; lower is better)")
-    ax.set_title("SmolLM2-135M: perplexity per model (and MB read per token)", fontsize=11,
-                 pad=18)
+    ax.set_xlabel("perplexity on the licence text (lower is better)")
+    # the rows' header, over their labels: what the MB are (the caption names the model)
+    ax.annotate("model \u00b7 weights read per token", (0, 1), xycoords="axes fraction",
+                xytext=(-8, 3), textcoords="offset points", ha="right", va="bottom",
+                fontsize=10, fontweight="bold")
     # the words: the float model (the most bytes) on its line, then the models at the fewest bytes
     # (the quantised ones: codes packed alike read the same bytes) and the best of them
     mb = {label: nbytes / 1e6 for label, nbytes, _ in points}

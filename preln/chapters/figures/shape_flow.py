@@ -59,7 +59,7 @@ def plot_ops(S=512, D=64, H=4, B=OPS_B, training=True):
     flow = shape_flow(_ops_config(D, H), B, S, training=training)
     rows = flow.rows
     y = np.arange(len(rows))[::-1]
-    labels = [f"{r.name}  " + (f"{len(r.outputs)} x " if len(r.outputs) > 1 else "") + _shape(r.output)
+    labels = [f"{r.name}  " + (f"{len(r.outputs)} × " if len(r.outputs) > 1 else "") + _shape(r.output)
               for r in rows]
     fig, (ax_f, ax_b) = _figure((7.6, 5.4), 1, 2, sharey=True)
 
@@ -89,11 +89,24 @@ def plot_ops(S=512, D=64, H=4, B=OPS_B, training=True):
     for ax in (ax_f, ax_b):
         ax.grid(axis="y", visible=False)
         ax.minorticks_off()
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
+    # one legend for both panels, in one row under them: four entries, beside the data, not over
+    # it (two legends under the panels ran into each other)
+    fig.legend(*_handles(ax_f, ax_b), loc="outside lower center", ncol=4, handlelength=1.2,
+               columnspacing=1.2)
     t = flow.totals
-    fig.suptitle(f"B={B}, S={S}, D={D}, H={H}, F={4 * D}:  {format_count(t['flops'])}FLOP, "
-                 f"keeps {format_bytes(t['kept_bytes'])}", fontsize=10)
+    fig.suptitle(f"$B = {B}$, $S = {S}$, $D = {D}$, $H = {H}$, $F = {4 * D}$:  "
+                 f"{format_count(t['flops'])}FLOP, keeps {format_bytes(t['kept_bytes'])}", fontsize=10)
     return fig
+
+
+def _handles(*axes):
+    """The legend handles and labels of several axes, in order."""
+    handles, labels = [], []
+    for ax in axes:
+        h, lab = ax.get_legend_handles_labels()
+        handles += h
+        labels += lab
+    return handles, labels
 
 
 def ops_alt(S, D, H, B=OPS_B):
@@ -136,18 +149,18 @@ def plot_flops_split(D=64, ratio=4):
     F = ratio * D
     proj, attn = _split(SPLIT_S, D, F)
     fig, ax = _figure((5.8, 3.6))
-    ax.loglog(SPLIT_S, proj / SPLIT_S, label="projections 2(4D² + 2DF)", color=PALETTE[0])
-    ax.loglog(SPLIT_S, attn / SPLIT_S, label="attention 4SD", color=PALETTE[1])
+    ax.loglog(SPLIT_S, proj / SPLIT_S, label="projections $2(4D^2 + 2DF)$", color=PALETTE[0])
+    ax.loglog(SPLIT_S, attn / SPLIT_S, label="attention $4SD$", color=PALETTE[1])
     ax.loglog(SPLIT_S, (proj + attn) / SPLIT_S, label="total", color=PALETTE[6], ls="--", lw=1.5)
     s_star = 2 * D + F
     ax.axvline(s_star, color=PALETTE[2], lw=1.2, ls=":")
-    ax.annotate(f"S* = 2D + F = {s_star}", (s_star, 2e3), xytext=(5, 0),
-                textcoords="offset points", fontsize=9, color=PALETTE[2])
+    ax.annotate(f"$S^* = 2D + F = {s_star}$", (s_star, 2e3), xytext=(5, 0),
+                textcoords="offset points", fontsize=10, color=PALETTE[2])
     ax.set_xlim(SPLIT_S[0], SPLIT_S[-1])
     ax.set_ylim(1e3, 1e9)
-    ax.set_xlabel("sequence length S (tokens)")
+    ax.set_xlabel("sequence length $S$ (tokens)")
     ax.set_ylabel("matmul FLOPs per token")
-    ax.set_title(f"D = {D}, F = {ratio}D = {F}")
+    ax.set_title(f"$D = {D}$, $F = {ratio}D = {F}$")
     direct_labels(ax)
     ax.minorticks_off()          # a dozen decades of minor ticks would triple the drawing time
     return fig
@@ -309,12 +322,12 @@ def _size_ticks(ax, sizes):
 def plot_flops_vs_size(sizes_S, flops_S, fit_S, sizes_D, flops_D, fit_D, S_fixed, D_fixed):
     """Counted FLOPs against S (fixed D) and against D (fixed S), with the fitted power laws."""
     fig, (ax_s, ax_d) = _figure((COLUMN_IN - 0.2, 3.6), 1, 2)
-    for ax, x, y, fit, label, fixed in ((ax_s, sizes_S, flops_S, fit_S, "S", f"D = {D_fixed}"),
-                                        (ax_d, sizes_D, flops_D, fit_D, "D", f"S = {S_fixed}")):
+    for ax, x, y, fit, label, fixed in ((ax_s, sizes_S, flops_S, fit_S, "S", f"$D = {D_fixed}$"),
+                                        (ax_d, sizes_D, flops_D, fit_D, "D", f"$S = {S_fixed}$")):
         ax.loglog(x, y, "o", color=PALETTE[0], label="sum of the rows")
         ax.loglog(x, fit(x), "-", color=PALETTE[1], lw=1.5,
                   label=f"fit $\\propto {label}^{{{fit.exponent:.2f}}}$")
-        _size_axes(ax, x, label, "forward FLOPs", f"growing {label}, {fixed}, B = 1")
+        _size_axes(ax, x, label, "forward FLOPs", f"growing ${label}$, {fixed}, $B = 1$")
     alt = (f"Counted forward FLOPs, log-log, with fitted power laws: slope {fit_S.exponent:.2f} against S "
            f"(D = {D_fixed}), {fit_D.exponent:.2f} against D (S = {S_fixed}).")
     return set_alt(fig, short_alt(alt))
@@ -323,7 +336,7 @@ def plot_flops_vs_size(sizes_S, flops_S, fit_S, sizes_D, flops_D, fit_D, S_fixed
 def _size_axes(ax, x, label, ylabel, title):
     """The ticks, labels, title and legend of a log-log plot against S or D."""
     _size_ticks(ax, x)
-    ax.set_xlabel(f"{'sequence length' if label == 'S' else 'model width'} {label}")
+    ax.set_xlabel(f"{'sequence length' if label == 'S' else 'model width'} ${label}$")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend()
@@ -334,8 +347,8 @@ def plot_timings(sizes_S, times_S, fit_S, sizes_D, times_D, fit_D, S_fixed, D_fi
     """Measured forward times against S and D, log-log, with the fitted slopes."""
     fig, (ax_s, ax_d) = _figure((COLUMN_IN - 0.2, 3.6), 1, 2)
     for ax, x, t, fit, mask, label, fixed in (
-            (ax_s, sizes_S, times_S, fit_S, fit_mask_S, "S", f"D = {D_fixed}, B = {B_S}"),
-            (ax_d, sizes_D, times_D, fit_D, fit_mask_D, "D", f"S = {S_fixed}, B = {B_D}")):
+            (ax_s, sizes_S, times_S, fit_S, fit_mask_S, "S", f"$D = {D_fixed}$, $B = {B_S}$"),
+            (ax_d, sizes_D, times_D, fit_D, fit_mask_D, "D", f"$S = {S_fixed}$, $B = {B_D}$")):
         x, t = np.asarray(x), np.asarray(t)
         mask = np.ones(len(x), bool) if mask is None else np.asarray(mask)
         ax.loglog(x[mask], 1e3 * t[mask], "o", color=PALETTE[0], label="measured (fitted)")
@@ -345,7 +358,7 @@ def plot_timings(sizes_S, times_S, fit_S, sizes_D, times_D, fit_D, S_fixed, D_fi
         xs = x[mask]
         ax.loglog(xs, 1e3 * fit(xs), "-", color=PALETTE[1], lw=1.5,
                   label=f"fit $\\propto {label}^{{{fit.exponent:.2f}}}$")
-        _size_axes(ax, x, label, "forward CPU time (ms)", f"growing {label}, {fixed}")
+        _size_axes(ax, x, label, "forward CPU time (ms)", f"growing ${label}$, {fixed}")
     alt = (f"Measured forward CPU time, log-log, with fitted power laws: slope {fit_S.exponent:.2f} against S "
            f"(D = {D_fixed}), {fit_D.exponent:.2f} against D (S = {S_fixed}).")
     description = (f"Against S: {1e3 * min(times_S):.3g} to {1e3 * max(times_S):.3g} ms. "
@@ -361,17 +374,17 @@ def plot_peak_memory(S_plain, peak_plain, S_tiled, peak_tiled, S_formula, p_byte
     MiB = 2.0 ** 20
     fig, ax = _figure((6.0, 4.6))
     ax.loglog(S_formula, np.asarray(p_bytes_formula) / MiB, "--", color=PALETTE[6], lw=1.2,
-              label="one (B, H, S, S) tensor, 4 bytes an entry")
+              label="one $(B, H, S, S)$ tensor, 4 bytes an entry")
     ax.loglog(S_plain, np.asarray(peak_plain) / MiB, "o-", color=PALETTE[1],
               label="plain path (training), measured")
     ax.loglog(S_tiled, np.asarray(peak_tiled) / MiB, "s-", color=PALETTE[0],
               label="tiled path (eval), measured")
     if S_cross is not None:
         ax.axvline(S_cross, color=PALETTE[2], lw=1.2, ls=":")
-        ax.annotate(f"P outweighs the\nrest of the cache\nat S = {S_cross}", (S_cross, 0.3),
+        ax.annotate(f"$P$ outweighs the\nrest of the cache\nat $S = {S_cross}$", (S_cross, 0.3),
                     xytext=(4, 0), textcoords="offset points", fontsize=9, color=PALETTE[2])
     _size_ticks(ax, S_tiled)
-    ax.set_xlabel("sequence length S (tokens)")
+    ax.set_xlabel("sequence length $S$ (tokens)")
     ax.set_ylabel("peak memory of one forward (MiB)")
     legend_outside(ax, ncol=1)
     alt = (f"Peak memory of one forward against S, log-log: the plain path reaches {max(peak_plain) / MiB:.3g} MiB "
