@@ -64,7 +64,7 @@ def tables(text: str) -> list[dict]:
                 continue
         if stack and stack[-1][1] is None:
             continue
-        if stack and line.startswith(":") and stack[-1][1] == "list-table":
+        if stack and line.lstrip().startswith(":") and stack[-1][1] == "list-table":   # (in a list item: indented)
             stack[-1][3].append(line.strip())
         if (ROW.match(line) and k + 1 < len(lines) and SEPARATOR.match(lines[k + 1])
                 and not (k and ROW.match(lines[k - 1]))):

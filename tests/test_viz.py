@@ -577,7 +577,8 @@ def test_explorable_titles_typeset_ascii_math():
     from preln.chapters.viz import typeset_html
 
     assert typeset_html("logits with and without 1/sqrt(d_h)") == \
-        "logits with and without 1/\u221a<i>d</i><sub>h</sub>"
+        "logits with and without 1/\u221a<i>d</i>\u2095"
+    assert typeset_html("x_L and W_in") == "<i>x</i><sub>L</sub> and <i>W</i>\u1d62\u2099"
     assert typeset_html("sqrt((D-1)/D) at eps = 1e-05") == \
         "\u221a((D\u22121)/D) at eps = 10<sup>\u22125</sup>"
     assert typeset_html("offset (query - key), -3") == "offset (query \u2212 key), \u22123"

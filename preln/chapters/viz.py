@@ -535,6 +535,10 @@ def _sentences(text: str) -> list[str]:
 _E_NOTATION = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)e([+-]?)0*(\d+)(?![\w.])")
 _SQRT = re.compile(r"\bsqrt\(((?:[^()]|\([^()]*\))*)\)")
 _SUBSCRIPT = re.compile(r"(?<![\w\\])([A-Za-z])_([A-Za-z0-9]{1,3})(?!\w)")
+# Unicode's subscript letters and digits: a subscript made of them is a character of the text, read
+# in its place by a screen reader and by a PDF's text layer (NFKC gives the letter back); <sub> is
+# the fallback for the rest (capitals)
+_SUBSCRIPTS = dict(zip("0123456789aehijklmnoprstuvx", "₀₁₂₃₄₅₆₇₈₉ₐₑₕᵢⱼₖₗₘₙₒₚᵣₛₜᵤᵥₓ"))
 
 
 def typeset_html(text: str) -> str:
@@ -554,7 +558,9 @@ def typeset_html(text: str) -> str:
     out = html.escape(text)
     out = _E_NOTATION.sub(e_notation, out)
     out = _SQRT.sub(sqrt, out)
-    out = _SUBSCRIPT.sub(lambda m: f"<i>{m.group(1)}</i><sub>{m.group(2)}</sub>", out)
+    out = _SUBSCRIPT.sub(lambda m: f"<i>{m.group(1)}</i>" + (
+        "".join(_SUBSCRIPTS[c] for c in m.group(2)) if set(m.group(2)) <= set(_SUBSCRIPTS)
+        else f"<sub>{m.group(2)}</sub>"), out)
     out = re.sub(r"(?<![\w-])([A-Za-z])-(\d)", "\\1\u2212\\2", out)    # D-1
     return re.sub(r"(?<![\w-])-(?=[\d(])|(?<=\s)-(?=\s)", "\u2212", out)
 
@@ -880,7 +886,9 @@ class Explorable:
                          f'</summary><p id="{uid}-description">{e(self.alts[i0])}</p></details>')
         # announced politely after a move (never on load: it starts empty)
         parts.append('<p class="preln-explorable-status" role="status" aria-atomic="true"></p>')
-        data = {"names": self.labels, "labels": shown, "play_ms": round(1000 * PLAY_SECONDS),
+        # the live region names a moved control as its label reads on the page (typeset)
+        names = [html.unescape(re.sub(r"<[^>]+>", "", typeset_html(label))) for label in self.labels]
+        data = {"names": names, "labels": shown, "play_ms": round(1000 * PLAY_SECONDS),
                 "values": [[_number(v) if _is_numeric(vals) else None for v in vals] for vals in self.values],
                 "frames": {",".join(map(str, k)): [_data_uri(v), short_alt(self.alts[k]), self.summaries[k],
                                                    self._settings(self._kwargs(k))]

@@ -34,6 +34,8 @@ DIRECT_LABEL_MIN = 0.09
 #: smaller segments of at least this share are named after their bar instead (smaller ones are
 #: under a pixel wide)
 DIRECT_NOTE_MIN = 0.01
+#: ops of the roofline plot closer than this (decades of intensity) share one number label
+ROOFLINE_LABEL_GAP = 0.2
 
 
 def _figure(figsize, *grid, **kwargs):
@@ -70,17 +72,30 @@ def plot_roofline(roof, unfused, fused=None, times=None):
         x = [o.intensity for o in unfused if o.flops > 0 and o.name in times]
         y = [o.flops / times[o.name] for o in unfused if o.flops > 0 and o.name in times]
         ax.loglog(x, y, "x", color=PALETTE[1], ms=8, mew=2, label="unfused op, measured")
-    groups = {}                                  # ops at the same intensity share one label
-    key = []
-    for n, o in enumerate(unfused, 1):
-        key.append(f"{n} {o.name.replace('attn.', '').replace('mlp.', '')}"
-                   + ("" if o.flops else " (no FLOPs)"))
-        if o.flops > 0:
-            groups.setdefault(float(f"{o.intensity:.3g}"), []).append(str(n))
-    for i, (intensity, numbers) in enumerate(sorted(groups.items())):
-        lift = 8 + 11 * (i % 2)                  # neighbours at two heights
-        ax.annotate(",".join(numbers), (intensity, roof.attainable(intensity)), xytext=(-3, lift),
-                    textcoords="offset points", fontsize=9, color=PALETTE[0])
+    key = [f"{n} {o.name.replace('attn.', '').replace('mlp.', '')}" + ("" if o.flops else " (no FLOPs)")
+           for n, o in enumerate(unfused, 1)]
+    # ops closer than ROOFLINE_LABEL_GAP decades share one label ("2, 7, 10": never "710"); left of
+    # the ridge a label sits up and to the left of its ops (above the rising roof), right of it
+    # above them, neighbours at two heights
+    clusters = []
+    for n, o in sorted(((n, o) for n, o in enumerate(unfused, 1) if o.flops > 0),
+                       key=lambda p: p[1].intensity):
+        if clusters and np.log10(o.intensity / clusters[-1][-1][1]) < ROOFLINE_LABEL_GAP:
+            clusters[-1].append((n, o.intensity))
+        else:
+            clusters.append([(n, o.intensity)])
+    flat = 0
+    for cluster in clusters:
+        x = float(np.exp(np.mean([np.log(i) for _, i in cluster])))
+        text = ", ".join(str(n) for n in sorted(n for n, _ in cluster))
+        if x < roof.ridge:
+            ax.annotate(text, (x, roof.attainable(x)), xytext=(-6, 4), textcoords="offset points",
+                        ha="right", va="bottom", fontsize=9, color=PALETTE[0])
+        else:
+            ax.annotate(text, (x, roof.attainable(x)), xytext=(0, 8 + 12 * (flat % 2)),
+                        textcoords="offset points", ha="center", va="bottom", fontsize=9,
+                        color=PALETTE[0])
+            flat += 1
     # the numbers' key beside the axes, not over the data
     ax.text(1.03, 1.0, "\n".join(key), transform=ax.transAxes, fontsize=9, va="top",
             color=PALETTE[0], linespacing=1.2)
@@ -521,6 +536,7 @@ EXPLORABLES = {"decode_roofline": (plot_decode_roofline, DECODE_CONTROLS)}
 _TD = "padding:0.15em 0.5em;white-space:nowrap"
 _TDR = _TD + ";text-align:right"
 _TH = _TD + ";text-align:left;font-weight:normal"   # a row header: named, not restyled
+_THW = "padding:0.15em 0.5em;vertical-align:bottom;text-align:left"   # a column header that may wrap
 
 
 def traffic_table_html(unfused, fused, caption):
@@ -568,8 +584,9 @@ def bound_table_html(ops, machines, caption):
 
     names = [o.name for o in next(iter(ops.values())) if o.flops > 0]
     by = {size: {o.name: o for o in lst} for size, lst in ops.items()}
-    head = ["op"] + [f"FLOP/B ({8 * size}-bit)" for size in ops] + [
-        f"{html.escape(label)} (ridge {roof.ridge:.0f})" for label, (roof, _) in machines.items()]
+    # short headers that wrap (the ridge on a line of its own): the table fits a 688 px column
+    head = ["op"] + [f"FLOP/B<br>{8 * size}-bit" for size in ops] + [
+        f"{html.escape(label)}<br><span style='white-space:nowrap'>ridge {roof.ridge:.0f}</span>" for label, (roof, _) in machines.items()]
     rows = []
     for n in names:
         cells = [f"<th scope='row' style='{_TH}'><code>{html.escape(n)}</code></th>"]
@@ -578,7 +595,7 @@ def bound_table_html(ops, machines, caption):
             compute = by[size][n].intensity >= roof.ridge
             cells.append(f"<td style='{_TD}'>{'<strong>compute</strong>' if compute else 'memory'}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
-    th = "".join(f"<th scope='col' style='{_TD}'>{h}</th>" for h in head)
+    th = "".join(f"<th scope='col' style='{_THW}'>{h}</th>" for h in head)
     return (f"<div style='overflow-x:auto'><table style='font-size:0.8em;border-collapse:collapse'>"
             f"<caption>{html.escape(caption)}</caption><thead><tr>{th}</tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table></div>")

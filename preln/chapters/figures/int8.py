@@ -434,14 +434,19 @@ def plot_calibration(clips, errors, marks, bits):
     ax.set_yscale("log")
     ax.set_xlabel(f"clip $c$ (the largest value kept), {bits}-bit symmetric grid")
     ax.set_ylabel("mean squared error")
-    direct_labels(ax, pad_pt=6)
-    # each calibration's clip, marked on its curve and named beside the mark
-    for k, ((method, (c, e)), colour, m) in enumerate(zip(marks.items(), [VERMILLION, PURPLE, GREEN],
-                                                          "Dso")):
+    direct_labels(ax, pad_pt=12)            # clear of a mark at the curve's end (absmax's clip)
+    # each calibration's clip, marked on its curve and named by a short leader line: in order of
+    # the clip, below, above, below the curve, so that neighbouring marks' names never stack
+    styles = dict(zip(marks, zip([VERMILLION, PURPLE, GREEN], "Dso")))
+    for k, method in enumerate(sorted(marks, key=lambda m: marks[m][0])):
+        (c, e), (colour, m) = marks[method], styles[method]
         ax.plot([c], [e], m, color=colour, ms=8, label="_" + method)
-        ax.annotate(method, (c, e), xytext=(4, -8 - 14 * (k % 2)), textcoords="offset points",
-                    ha="left" if c < 0.6 * np.max(clips) else "right", va="top", fontsize=10,
-                    color=colour)
+        right = c >= 0.6 * np.max(clips)
+        above = k % 2 == 1
+        ax.annotate(method, (c, e), xytext=(-6 if right else 6, 16 if above else -18),
+                    textcoords="offset points", ha="right" if right else "left",
+                    va="bottom" if above else "top", fontsize=10, color=colour,
+                    arrowprops=dict(arrowstyle="-", color=colour, lw=0.8, shrinkA=0, shrinkB=5))
     clips = np.asarray(clips, dtype=float)
     top = clips.max()
 

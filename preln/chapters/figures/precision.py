@@ -55,16 +55,22 @@ def _under(fraction):
 class Table:
     """A small table shown as HTML in a notebook and as aligned text elsewhere."""
 
-    def __init__(self, columns, rows, caption=None):
+    def __init__(self, columns, rows, caption=None, compact=False):
         self.columns, self.rows, self.caption = list(columns), [list(r) for r in rows], caption
+        self.compact = compact
 
     def _repr_html_(self):
         e = html.escape
         pad = ' style="padding: 0.15em 0.8em; text-align: right"'
+        cell = pad
+        if self.compact:   # a wide table in a 688 px column: headers wrap between words, a number
+            # never breaks (1.175e-38 not at its "-"), narrower padding
+            pad = ' style="padding: 0.15em 0.4em; text-align: right; vertical-align: bottom"'
+            cell = ' style="padding: 0.15em 0.4em; text-align: right; white-space: nowrap"'
         head = "".join(f'<th scope="col"{pad}>{e(str(c))}</th>' for c in self.columns)
         # each row is named by its first cell (a format, a dtype, a width)
-        body = "".join(f'<tr><th scope="row"{pad}>{e(str(r[0]))}</th>'
-                       + "".join(f"<td{pad}>{e(str(v))}</td>" for v in r[1:]) + "</tr>" for r in self.rows)
+        body = "".join(f'<tr><th scope="row"{cell}>{e(str(r[0]))}</th>'
+                       + "".join(f"<td{cell}>{e(str(v))}</td>" for v in r[1:]) + "</tr>" for r in self.rows)
         cap = f"<caption>{e(table_caption(self.caption, self.columns))}</caption>"
         return f'<table class="preln-table">{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
@@ -169,7 +175,18 @@ def plot_layernorm_thresholds(ds, empirical):
     ax.set_xlabel("model width D")
     ax.set_ylabel("input rms at overflow")
     ax.set_ylim(0, 20)
-    ax.legend(loc="upper right")
+    # direct labels under the curve, in the white (finite) region, each led to its series: the
+    # shaded band above is the region the text there names
+    d = np.sort(np.asarray(ds, dtype=float))
+    gap = int(np.argmax(np.diff(np.log(d))))
+    on_curve = float(np.sqrt(d[gap] * d[gap + 1]))     # between two points: the curve's own label
+    ax.annotate("closed form $\\sqrt{65520/D}$", (on_curve, np.sqrt(65520.0 / on_curve)),
+                xytext=(d[0] * 1.05, 0.35 * np.sqrt(65520.0 / d[0])), fontsize=9, color=BLUE,
+                ha="left", va="center", arrowprops=dict(arrowstyle="-", color=BLUE, lw=0.8, shrinkB=3))
+    k = int(np.argsort(np.asarray(ds))[-2])            # the second-widest point
+    ax.annotate("bisection, naive LayerNorm", (ds[k], empirical[k]), xytext=(d[-1], 0.35 * empirical[k]),
+                fontsize=9, color=VERMILLION, ha="right", va="center",
+                arrowprops=dict(arrowstyle="-", color=VERMILLION, lw=0.8, shrinkB=4))
     off = float(np.max(np.abs(np.asarray(empirical) / np.sqrt(65520.0 / np.asarray(ds, dtype=float)) - 1)))
     closed = np.sqrt(65520.0 / np.array([min(ds), max(ds)], dtype=float))
     # the bisection stops at a float16 spacing, about 1e-3 of the value: say "on it" within 1 %

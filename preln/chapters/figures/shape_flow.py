@@ -192,6 +192,11 @@ EXPLORABLES = {
 _TD = "padding:0.15em 0.5em;vertical-align:top;white-space:nowrap"
 _TDR = _TD + ";text-align:right"
 _TH = _TD + ";text-align:left;font-weight:normal"   # a row header: named, not restyled
+_TDW = "padding:0.15em 0.5em;vertical-align:top"     # a cell that wraps (between shapes)
+
+
+def _nowrap(text):
+    return f"<span style='white-space:nowrap'>{text}</span>"
 
 
 def shape_table_html(flow):
@@ -211,31 +216,30 @@ def shape_table_html(flow):
     def td(text, right=False):
         return f"<td style='{_TDR if right else _TD}'>{text}</td>"
 
-    # the numbers first, the input list last: on a narrow page it is what scrolls out of view
-    head = "<tr>" + "".join([th("#"), th("op: computes"), th("writes"), th("FLOPs", True),
-                             th("written", True), th("kept", True), th("kept for backward"),
-                             th("reads")]) + "</tr>"
+    # what an op reads is in its equation (the names) and in the rows above (the shapes); the
+    # list of kept tensors wraps between tensors: the table fits a 688 px column
+    head = "<tr>" + "".join([th("op: computes"), th("writes"), th("FLOPs", True),
+                             th("written", True), th("kept", True), th("kept for backward")]) + "</tr>"
     body = []
-    for i, r in enumerate(flow.rows, 1):
-        reads = "<br>".join(f"{e(n)} {_shape(s)}" for n, s in r.inputs)
+    for r in flow.rows:
         out_dt = "" if r.out_dtype == flow.dtype else f" {r.out_dtype.name}"
         writes = "<br>".join(f"{e(n)} {_shape(s)}{out_dt}" for n, s in r.outputs)
         if r.out_bytes == 0 and r.outputs:
             writes += " <em>(views)</em>" if len(r.outputs) > 1 else " <em>(view)</em>"
-        kept = "<br>".join(f"{e(n)} {_shape(s)}" + ("" if np.dtype(d) == flow.dtype
+        kept = "<br>".join(f"{e(n)} {_nowrap(_shape(s))}" + ("" if np.dtype(d) == flow.dtype
                                                      else f" {np.dtype(d).name}")
                            for n, s, d in r.kept) or "&mdash;"
         body.append("<tr>" + "".join([
-            td(i), rh(f"<code>{e(r.name)}</code><br>{e(r.equation)}"), td(writes),
+            rh(f"<code>{e(r.name)}</code><br>{e(r.equation)}"), td(writes),
             td(format_count(r.flops), True), td(format_bytes(r.out_bytes), True),
-            td(format_bytes(r.kept_bytes), True), td(kept), td(reads)]) + "</tr>")
+            td(format_bytes(r.kept_bytes), True), f"<td style='{_TDW}'>{kept}</td>"]) + "</tr>")
     t = flow.totals
     body.append("<tr style='border-top:2px solid currentColor'>" + "".join([
-        td(""), rh("<strong>total</strong>"), td(""),
+        rh("<strong>total</strong>"), td(""),
         td(f"<strong>{format_count(t['flops'])}</strong>", True),
         td(f"<strong>{format_bytes(t['out_bytes'])}</strong>", True),
         td(f"<strong>{format_bytes(t['kept_bytes'])}</strong>", True),
-        f"<td colspan='2' style='{_TD}'>matmuls {format_count(t['matmul_flops'])}FLOP "
+        f"<td style='{_TDW}'>matmuls {format_count(t['matmul_flops'])}FLOP "
         f"= closed form {format_count(t['closed_form_flops'])}FLOP</td>"]) + "</tr>")
     cfg = flow.config
     caption = (f"B = {flow.B}, S = {flow.S}, D = {cfg.d_model}, H = {cfg.n_heads}, "
