@@ -407,6 +407,18 @@ def rename_assignment_downloads(app, doctree):
 
 # ---- the root page and the 404 page ------------------------------------------------------------------
 
+# The two small pages' style: pydata-sphinx-theme 0.17's colours (text >= 4.5:1 and the focus ring
+# >= 3:1 in both modes), doubled braces for str.format
+_PAGE_STYLE = """  :root {{ color-scheme: light dark; --bg: #fff; --fg: #222832; --link: #0a7d91; --ring: #c132af; }}
+  @media (prefers-color-scheme: dark) {{
+    :root {{ --bg: #121212; --fg: #ced6dd; --link: #4fb2c3; --ring: #e89217; }}
+  }}
+  body {{ background: var(--bg); color: var(--fg); font: 1.05rem/1.6 system-ui, sans-serif;
+          max-width: 42rem; margin: 0 auto; padding: 2rem 1rem; }}
+  a {{ color: var(--link); }}
+  a:focus-visible {{ outline: 3px solid var(--ring); outline-offset: 2px; }}
+"""
+
 _STANDALONE = """<!DOCTYPE html>
 <html lang="{lang}">
 <head>
@@ -415,19 +427,7 @@ _STANDALONE = """<!DOCTYPE html>
 <title>{title}</title>
 <link rel="icon" href="{root}_static/favicon.svg" type="image/svg+xml">
 <style>
-  /* pydata-sphinx-theme 0.17's colours: text >= 4.5:1 and the focus ring >= 3:1 in both modes */
-  :root {{ color-scheme: light dark; --bg: #fff; --fg: #222832; --link: #0a7d91; --ring: #c132af; }}
-  @media (prefers-color-scheme: dark) {{
-    :root {{ --bg: #121212; --fg: #ced6dd; --link: #4fb2c3; --ring: #e89217; }}
-  }}
-  body {{ background: var(--bg); color: var(--fg); font: 1.05rem/1.6 system-ui, sans-serif;
-          max-width: 42rem; margin: 0 auto; padding: 2rem 1rem; }}
-  a {{ color: var(--link); }}
-  a:focus-visible {{ outline: 3px solid var(--ring); outline-offset: 2px; }}
-  img {{ max-width: 100%; height: auto; display: block; margin: 1rem auto; border-radius: 8px; }}
-  .start {{ font-size: 1.2rem; font-weight: 600; }}
-  h3 {{ margin-bottom: 0.2rem; }}
-</style>
+""" + _PAGE_STYLE + """</style>
 </head>
 <body>
 <main>
@@ -454,15 +454,7 @@ _REDIRECT = """<!DOCTYPE html>
 <link rel="icon" href="_static/favicon.svg" type="image/svg+xml">
 <script>location.replace({start_js} + location.hash);</script>
 <style>
-  :root {{ color-scheme: light dark; --bg: #fff; --fg: #222832; --link: #0a7d91; --ring: #c132af; }}
-  @media (prefers-color-scheme: dark) {{
-    :root {{ --bg: #121212; --fg: #ced6dd; --link: #4fb2c3; --ring: #e89217; }}
-  }}
-  body {{ background: var(--bg); color: var(--fg); font: 1.05rem/1.6 system-ui, sans-serif;
-          max-width: 42rem; margin: 0 auto; padding: 2rem 1rem; }}
-  a {{ color: var(--link); }}
-  a:focus-visible {{ outline: 3px solid var(--ring); outline-offset: 2px; }}
-  main {{ visibility: hidden; animation: preln-show 0s 1s forwards; }}
+""" + _PAGE_STYLE + """  main {{ visibility: hidden; animation: preln-show 0s 1s forwards; }}
   @keyframes preln-show {{ to {{ visibility: visible; }} }}
 </style>
 </head>
