@@ -20,6 +20,8 @@ expressions once the notebook has run and stores the results in the cell's ``use
 metadata: JupyterLab with jupyterlab-myst shows them without a kernel, the site's build reads the
 same stored values (book/_ext/preln_eval.py), and ``make test-notebooks`` re-evaluates and compares.
 """
+import re
+
 try:
     from myst_nb import glue as _myst_glue
 except ImportError:          # a learner's environment: no book toolchain
@@ -27,7 +29,8 @@ except ImportError:          # a learner's environment: no book toolchain
 
 __all__ = ["glue", "HAVE_MYST_NB", "glued_text", "eval_expressions", "evaluate_in_kernel", "store_expressions",
            "stale_expressions", "measured_expressions", "check_line", "BLANK_HINT", "sig", "fixed", "span", "listed", "set_alt", "describe", "short_alt", "image_bundle", "figure_bundle",
-           "register_figure_display", "png_size", "palette_png", "FIGURE_DPI", "ALT_MAX"]
+           "register_figure_display", "png_size", "palette_png", "FIGURE_DPI", "ALT_MAX",
+           "OUTPUT_COLUMNS", "reads_as_table"]
 
 #: True when myst-nb is importable (the book's build environment and `make test`).
 HAVE_MYST_NB = _myst_glue is not None
@@ -112,8 +115,6 @@ def measured_expressions(nb):
     """The ``{eval}`` expressions of notebook ``nb`` that quote a value glued by a cell marked
     ``# NBVAL_IGNORE_OUTPUT`` (a measurement of the machine: a time, a bandwidth), by its stored
     outputs: nbval compares neither that cell's outputs nor these values, only that they exist."""
-    import re
-
     names = {out.get("metadata", {}).get("scrapbook", {}).get("name")
              for cell in nb.cells if cell.cell_type == "code" and "NBVAL_IGNORE_OUTPUT" in cell.source
              for out in cell.get("outputs", [])} - {None}
@@ -124,8 +125,6 @@ def measured_expressions(nb):
 
 def eval_expressions(source):
     """The expressions of the ``{eval}`...``` roles in markdown ``source``, each once, in order."""
-    import re
-
     if not isinstance(source, str):
         raise TypeError(f"source: expected a markdown cell's source (str); got {type(source).__name__}")
     return list(dict.fromkeys(m.group(2) for m in re.finditer(EVAL_ROLE, source)))
@@ -213,6 +212,18 @@ def stale_expressions(nb, evaluate, measured=()):
 BLANK_HINT = "Your turn: replace the `...` in the cell above with your line, run it, then run this cell."
 
 
+#: monospace characters an output line holds at 1280 px on the site (a 688 px column)
+OUTPUT_COLUMNS = 79
+# two or more spaces between words: a column gap
+_COLUMN_GAP = re.compile(r"\S {2,}\S")
+
+
+def reads_as_table(text):
+    """Whether printed output reads as a table (two or more lines with column gaps): the site wraps
+    long lines of prose, and a table must fit in OUTPUT_COLUMNS instead (tests/test_code_width.py)."""
+    return sum(1 for line in text.splitlines() if _COLUMN_GAP.search(line)) >= 2
+
+
 def check_line(answer, expected, hint, rtol=1e-7, atol=1e-12):
     """Say whether a learner's ``answer`` (an array or number) equals ``expected``; returns True if so.
 
@@ -276,8 +287,6 @@ def _squash(text):
 def short_alt(text, limit=ALT_MAX):
     """``text`` itself if it has at most ``limit`` characters, else its first sentence, cut at a
     word to at most ``limit`` characters (with "…")."""
-    import re
-
     text = _squash(text)
     if len(text) <= limit:
         return text

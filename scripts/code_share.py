@@ -7,7 +7,8 @@ For every chapter (a notebook page of _toc.yml) in headless Chromium (scripts/si
 once MathJax has typeset the page: the height of the code inputs a reader sees without opening
 anything (a `hide-input` cell's code behind its closed "Show code" toggle, or code in a closed
 "Deeper" side road, takes no height), the page's height, their ratio, and how many visible code
-inputs scroll sideways. tests/browser/test_code_share.py holds every chapter to MAX_SHARE.
+inputs and printed outputs scroll sideways. tests/browser/test_code_share.py holds every chapter
+to MAX_SHARE and to no sideways scrolling.
 """
 from __future__ import annotations
 
@@ -38,8 +39,15 @@ MEASURE_JS = """() => {
         scrolling.push(pre.textContent.split('\\n').find(l => l.length > 79) || '');
     });
   });
-  return {code: Math.round(code), page: document.documentElement.scrollHeight, scrolling};
-}""" % SCROLL_SLACK_PX
+  // printed output (stream, text/plain): prose wraps, a table fits the column
+  const outputs = [];
+  document.querySelectorAll('div.cell_output div.output pre').forEach(pre => {
+    if (pre.closest('details:not([open])') || !pre.clientWidth) return;
+    if (pre.scrollWidth > pre.clientWidth + %d)
+      outputs.push(pre.textContent.split('\\n').find(l => l.length > 79) || '');
+  });
+  return {code: Math.round(code), page: document.documentElement.scrollHeight, scrolling, outputs};
+}""" % (SCROLL_SLACK_PX, SCROLL_SLACK_PX)
 
 
 def chapters() -> list[str]:
@@ -58,7 +66,8 @@ def typeset(page) -> None:
 
 def measure(page) -> dict:
     """{code: px of visible code inputs, page: px of the page, share, scrolling: [first long
-    line of each code input that scrolls sideways]} of the page open in ``page``."""
+    line of each code input that scrolls sideways], outputs: [the same of printed outputs]} of
+    the page open in ``page``."""
     typeset(page)
     m = page.evaluate(MEASURE_JS)
     m["share"] = m["code"] / m["page"] if m["page"] else 0.0
@@ -94,14 +103,14 @@ def main() -> int:
     names = chapters()
     after = measure_site(args.site, names)
     before = measure_site(args.before, names) if args.before else {}
-    head = f"{'chapter':28s} {'code px':>8s} {'page px':>8s} {'share':>6s} {'scroll':>6s}"
+    head = f"{'chapter':28s} {'code px':>8s} {'page px':>8s} {'share':>6s} {'scroll':>6s} {'out':>4s}"
     if before:
         head += f" | {'before: code':>12s} {'page':>7s} {'share':>6s} {'scroll':>6s}"
     print(head)
     for name in names:
         a = after[name]
         row = (f"{name.split('/')[-1]:28s} {a['code']:8d} {a['page']:8d} {a['share']:6.1%} "
-               f"{len(a['scrolling']):6d}")
+               f"{len(a['scrolling']):6d} {len(a['outputs']):4d}")
         if name in before:
             b = before[name]
             row += f" | {b['code']:12d} {b['page']:7d} {b['share']:6.1%} {len(b['scrolling']):6d}"

@@ -15,6 +15,10 @@ GRAD_RTOL_F64 = 1e-7
 SAME_F64 = 1e-12
 #: the same float32 computation done two ways, relative to the output's scale
 SAME_F32 = 1e-6
+#: the same for a parameter gradient, a sum over every position (B * S terms): float32's
+#: round-off in a sum of n terms grows like sqrt(n) * 6e-8 (2e-6 for 1200 terms), and the order
+#: of the sum is the BLAS kernel's choice (1.2e-6 measured under OpenBLAS's SkylakeX kernels)
+SAME_F32_SUM = 1e-5
 #: seed of the dropout generator, re-set before every forward so every forward draws the same masks
 DROPOUT_SEED = 5
 
@@ -194,10 +198,11 @@ def test_dropout_only_in_training_mode(rng, block_factory):
     assert block.train() is block and block.training
 
 
-@pytest.mark.parametrize("dtype, tol", [(np.float32, SAME_F32), (np.float64, SAME_F64)])
+@pytest.mark.parametrize("dtype, tol, sum_tol", [(np.float32, SAME_F32, SAME_F32_SUM),
+                                                 (np.float64, SAME_F64, SAME_F64)])
 @pytest.mark.parametrize("norm_first", [True, False], ids=["preln", "postln"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_eval_tiled_equals_train_plain(dtype, tol, norm_first, causal, rng):
+def test_eval_tiled_equals_train_plain(dtype, tol, sum_tol, norm_first, causal, rng):
     """S = 600 spans 3 query tiles and 2 key tiles of the default tiling (256 x 512)."""
     B, S, D = 2, 600, 16
     cfg = BlockConfig(d_model=D, n_heads=2, d_ff=32, norm_first=norm_first, causal=causal)
@@ -222,7 +227,7 @@ def test_eval_tiled_equals_train_plain(dtype, tol, norm_first, causal, rng):
     assert scaled_error(dx_eval, dx_train) < tol
     for k in g_train:
         assert scaled_error(block.grads[k] / max(1.0, np.abs(g_train[k]).max()),
-                            g_train[k] / max(1.0, np.abs(g_train[k]).max())) < tol, k
+                            g_train[k] / max(1.0, np.abs(g_train[k]).max())) < sum_tol, k
 
 
 def test_eval_with_dropout_config_equals_train_backward_without_dropout(rng, block_factory):

@@ -76,3 +76,38 @@ def test_code_lines_fit_79(notebook):
     found = too_long(notebook)
     assert not found, (f"{notebook.name}: {len(found)} code line(s) over {MAX_WIDTH} "
                        "characters; wrap them inside brackets:\n" + "\n".join(found))
+
+
+def printed_tables_too_wide(notebook: Path) -> list[str]:
+    """Printed outputs that read as tables (preln.nb.reads_as_table) with a line wider than the
+    site's output column: the site wraps prose, but a wrapped table loses its columns."""
+    from preln.nb import OUTPUT_COLUMNS, reads_as_table
+
+    found = []
+    for index, cell in enumerate(json.loads(notebook.read_text())["cells"]):
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if out.get("output_type") == "stream":
+                text = "".join(out["text"])
+            elif "text/plain" in data and not {"text/html", "image/png"} & set(data):
+                text = "".join(data["text/plain"])
+            else:
+                continue
+            width = max(map(len, text.splitlines()), default=0)
+            if width > OUTPUT_COLUMNS and reads_as_table(text):
+                found.append(f"cell {index} ({width} chars): {text.splitlines()[0][:60]}")
+    return found
+
+
+def test_reads_as_table():
+    from preln.nb import reads_as_table
+
+    assert reads_as_table("model   bytes\nGPT-2   124\nLlama   7000\n")
+    assert not reads_as_table("P = 2: ZeRO-2 step == data-parallel step: True; sent 199936 bytes\n")
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_printed_tables_fit_the_column(notebook):
+    found = printed_tables_too_wide(notebook)
+    assert not found, (f"{notebook.name}: printed tables wider than the output column; narrow, "
+                       "split or transpose them:\n" + "\n".join(found))

@@ -167,7 +167,7 @@ def test_block_graph_numbers_the_backward_and_sums_where_a_tensor_fed_two_ops():
     names = [r.name for r in rows]
     # x and x1 each feed a norm and a residual add: their gradients meet at the norm
     assert {names[i]: nm for i, nm in sums.items()} == {"norm1": "x", "norm2": "x1"}
-    assert "∂γ, ∂β, + dx₁" in words and "∂γ, ∂β, + dx" in words
+    assert "∂γ, ∂β, + dx′" in words and "∂γ, ∂β, + dx" in words
     assert (names.index("attn.split_heads"), names.index("attn.weighted_sum"), "v") in edges
 
 
@@ -348,11 +348,12 @@ def test_pipeline_schedules_draw_the_package_s_schedules_and_their_peaks():
     cells = [("".join(t.itertext()), t.get("font-weight") == "bold") for t in root.iter(SVG + "text")]
     words = [w for w, _ in cells]
     for name, sched in scheds.items():
-        # row by row: the stage, each busy step's micro-batch (a backward in bold), the peak
+        # row by row: the stage (from 0), each busy step's micro-batch (from 1, as the chapter's
+        # GPipe figure counts them; a backward in bold), the peak
         want = []
         for s in range(p):
             want.append((str(s), False))
-            want += [(str(max(f, b)), b >= 0) for f, b in zip(sched.forward[s], sched.backward[s])
+            want += [(str(max(f, b) + 1), b >= 0) for f, b in zip(sched.forward[s], sched.backward[s])
                      if f >= 0 or b >= 0]
             want.append((str(sched.peak_in_flight[s]), True))
         start = words.index(name)

@@ -1,12 +1,12 @@
-"""The book's figure standard (issue 33, preln.chapters.viz): every figure this test can draw
-cheaply is checked as the site shows it at 1280 px: text at least MIN_TEXT_PX, no legend over
-data, no "(dimensionless)", typeset labels (no ASCII ``x_L``, ``1e-05`` or hyphen minus), and the
-book's one colour per dtype, method and model.
+"""The book's figure standard (issue 33, preln.chapters.viz and its ``violations``): every
+figure this test can draw cheaply is checked as the site shows it at 1280 px: text at least
+MIN_TEXT_PX, no legend over data, no "(dimensionless)", typeset labels (no ASCII ``x_L``, ``1e-05``
+or hyphen minus), and the book's one colour per dtype, method and model. Every figure a chapter
+displays is checked too, from the violations its output's metadata records.
 
 Figures not yet redrawn to the standard are listed in NOT_YET, each with what fails; they are
 strict xfails, so a figure that comes to pass must leave the list."""
 import math
-import re
 
 import matplotlib
 
@@ -14,30 +14,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
-from matplotlib.collections import Collection  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.patches import Rectangle  # noqa: E402
 
 from preln.chapters import viz  # noqa: E402
 from preln.chapters.figures import all_explorables  # noqa: E402
-
-#: tight bounding box padding matplotlib adds around a saved static figure (bbox_inches="tight")
-TIGHT_PAD_IN = 0.1
-#: a data point this far inside a legend's box (display px) counts as covered
-LEGEND_INSET_PX = 1.0
-#: lines are checked against legends at a point every this many display px
-SEGMENT_STEP_PX = 2.0
-
-# ASCII where the book typesets: a subscript (x_L), e-notation (1e-05), a hyphen as minus (-3),
-# a function name in ASCII (sqrt(...)); math between $...$ is typeset and is not searched
-_ASCII = {
-    "subscript": re.compile(r"(?<![\w\\])[A-Za-z]_[A-Za-z0-9{]"),
-    "e-notation": re.compile(r"\d(?:\.\d+)?e[+\-]?\d"),
-    "hyphen minus": re.compile(r"(?<![\w)\]])-\d"),
-    "ascii sqrt": re.compile(r"\bsqrt\("),
-}
+from preln.chapters.viz import TIGHT_PAD_IN, violations  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -45,140 +26,6 @@ def _style():
     viz.apply_style()
     yield
     plt.close("all")
-
-
-# ---- the checks ------------------------------------------------------------------------------
-
-def _drawn(fig):
-    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
-    canvas.draw()
-    return canvas.get_renderer()
-
-
-def _texts(fig):
-    """Every text the reader sees: titles, labels, annotations, legends, tick labels in view."""
-    out = [t for t in fig.texts]
-    for lg in fig.legends:
-        out += lg.get_texts()
-    for ax in fig.axes:
-        if not ax.get_visible():
-            continue
-        out += [ax.title, ax._left_title, ax._right_title, ax.xaxis.label, ax.yaxis.label]
-        out += ax.texts
-        if ax.get_legend():
-            out += ax.get_legend().get_texts() + [ax.get_legend().get_title()]
-        for axis, (lo, hi) in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim())):
-            lo, hi = sorted((lo, hi))
-            for minor in (False, True):
-                for tick in (axis.get_minor_ticks() if minor else axis.get_major_ticks()):
-                    if lo - 1e-12 <= tick.get_loc() <= hi + 1e-12:
-                        out += [t for t in (tick.label1, tick.label2) if t.get_visible()]
-    return [t for t in out if t.get_visible() and t.get_text().strip()]
-
-
-def display_scale(fig, css_dpi, tight):
-    """CSS px per point as displayed: a figure wider than the column is scaled down to it."""
-    renderer = _drawn(fig)
-    if tight:
-        width_in = fig.get_tightbbox(renderer).width + 2 * TIGHT_PAD_IN
-    else:
-        width_in = fig.get_size_inches()[0]
-    shrink = min(1.0, viz.COLUMN_PX / (width_in * css_dpi))
-    return css_dpi / 72 * shrink
-
-
-def small_texts(fig, css_dpi=viz.CSS_PX_PER_INCH, tight=True):
-    scale = display_scale(fig, css_dpi, tight)
-    return sorted({(t.get_text()[:30], round(t.get_fontsize() * scale, 1))
-                   for t in _texts(fig) if t.get_fontsize() * scale < viz.MIN_TEXT_PX - 1e-9})
-
-
-def _outside_math(text):
-    return re.sub(r"\$[^$]*\$", "", text)
-
-
-def ascii_labels(fig):
-    found = []
-    for t in _texts(fig):
-        plain = _outside_math(t.get_text())
-        found += [(kind, t.get_text()) for kind, rx in _ASCII.items() if rx.search(plain)]
-        if "dimensionless" in plain:
-            found.append(("dimensionless", t.get_text()))
-    return found
-
-
-def _data_points(ax):
-    """Display coordinates of the data an axes draws, inside the axes: line vertices (and points
-    between them), scatter offsets, bar corners and centres."""
-    pts = []
-    for ln in ax.get_lines():
-        if not ln.get_visible() or not len(ln.get_xdata()):
-            continue
-        xy = ln.get_transform().transform(np.column_stack([ln.get_xdata(), ln.get_ydata()]).astype(float))
-        xy = xy[np.all(np.isfinite(xy), axis=1)]
-        if len(xy) > 1 and ln.get_linestyle() not in ("None", "none", ""):
-            for a, b in zip(xy[:-1], xy[1:]):   # a point every SEGMENT_STEP_PX along each segment
-                n = max(2, int(np.hypot(*(b - a)) / SEGMENT_STEP_PX) + 1)
-                t = np.linspace(0, 1, n)[:, None]
-                pts.append(a * (1 - t) + b * t)
-        pts.append(xy)
-    for c in ax.collections:
-        if c.get_visible() and len(c.get_offsets()):
-            xy = c.get_offset_transform().transform(np.asarray(c.get_offsets(), float))
-            pts.append(xy[np.all(np.isfinite(xy), axis=1)])
-    for p in ax.patches:
-        if isinstance(p, Rectangle) and p.get_visible() and p.get_width() and p.get_height():
-            b = p.get_window_extent()
-            pts.append(np.array([[b.x0, b.y0], [b.x1, b.y1], [b.x0, b.y1], [b.x1, b.y0],
-                                 [(b.x0 + b.x1) / 2, (b.y0 + b.y1) / 2]]))
-    if not pts:
-        return np.zeros((0, 2))
-    xy = np.concatenate(pts)
-    box = ax.bbox          # data outside the axes is clipped: not drawn, so not covered
-    inside = (xy[:, 0] >= box.x0) & (xy[:, 0] <= box.x1) & (xy[:, 1] >= box.y0) & (xy[:, 1] <= box.y1)
-    return xy[inside]
-
-
-def legends_over_data(fig):
-    _drawn(fig)
-    legends = [lg for lg in fig.legends] + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
-    hits = []
-    for lg in legends:
-        box = lg.get_window_extent().padded(-LEGEND_INSET_PX)
-        for ax in fig.axes:
-            xy = _data_points(ax)
-            inside = ((xy[:, 0] > box.x0) & (xy[:, 0] < box.x1) & (xy[:, 1] > box.y0) & (xy[:, 1] < box.y1))
-            if inside.any():
-                hits.append((lg.get_texts()[0].get_text() if lg.get_texts() else "legend", int(inside.sum())))
-    return hits
-
-
-def _colour(artist):
-    if isinstance(artist, Line2D):
-        return artist.get_color()
-    if isinstance(artist, Collection):
-        fc = artist.get_facecolor()
-        return fc[0] if len(fc) else artist.get_edgecolor()[0]
-    return artist.get_facecolor()
-
-
-def off_palette(fig):
-    """Labelled series that name a dtype, method or model drawn in another colour than the book's."""
-    wrong = []
-    for ax in fig.axes:
-        for artist in ax.get_lines() + ax.collections + ax.patches:
-            label = artist.get_label()
-            name = None if label.startswith("_") else viz.series_name(label)
-            if name and to_hex(_colour(artist), keep_alpha=False) != to_hex(viz.SERIES_COLOURS[name]):
-                wrong.append((label, to_hex(_colour(artist)), name))
-    return wrong
-
-
-def violations(fig, css_dpi=viz.CSS_PX_PER_INCH, tight=True):
-    return {k: v for k, v in {"small text": small_texts(fig, css_dpi, tight),
-                              "ascii or dimensionless": ascii_labels(fig),
-                              "legend over data": legends_over_data(fig),
-                              "off the book's colours": off_palette(fig)}.items() if v}
 
 
 # ---- the checks can fail ----------------------------------------------------------------------
@@ -397,3 +244,27 @@ def test_the_number_line_draws_each_format_in_its_colour():
     assert [to_hex(p.get_facecolor(), keep_alpha=False) for p in solid] == \
         [to_hex(viz.series_colour("fp8" if r["name"].startswith("float8") else r["name"])) for r in rows]
     assert to_hex(prec.dtype_colour("float16")) == to_hex(viz.DTYPE_COLOURS["float16"])
+
+
+def test_every_stored_figure_meets_the_standard():
+    """Every figure a chapter displays recorded its violations of the standard in its output's
+    metadata (viz.figure_bundle): none may have any, and none may lack the record."""
+    import json
+    from pathlib import Path
+
+    book = Path(__file__).resolve().parents[1] / "book"
+    found, unchecked, n = {}, [], 0
+    for path in sorted(book.glob("*.ipynb")):
+        for i, cell in enumerate(json.loads(path.read_text(encoding="utf-8"))["cells"]):
+            for out in cell.get("outputs", []):
+                if "image/png" not in out.get("data", {}):
+                    continue
+                n += 1
+                record = out.get("metadata", {}).get("preln", {}).get("standard")
+                if record is None:
+                    unchecked.append(f"{path.stem} cell {i}")
+                elif record:
+                    found[f"{path.stem} cell {i}"] = record
+    assert n > 40, n
+    assert unchecked == [], "figures stored without the standard's record: re-execute (make notebooks)"
+    assert found == {}

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TOC = yaml.safe_load((ROOT / "_toc.yml").read_text())
 ORDER = [f.rsplit("/", 1)[-1] for f in toc_files()]
 CHAPTERS = [n for n in ORDER if (ROOT / "book" / f"{n}.ipynb").is_file()]
-REFERENCE_PAGES = ["running", "course", "benchmarks", "api"]
+REFERENCE_PAGES = ["notation", "running", "course", "benchmarks", "api", "references"]
 ONRAMP = "build_and_train"
 # the tiny language model's names: a chapter that calls them relies on the on-ramp, which builds it in view
 TINY_LM = re.compile(r"\b(TinyLM|train_lm|reference_lm)\b")

@@ -52,6 +52,9 @@ import struct
 from pathlib import Path
 
 from docutils import nodes
+from sphinx import addnodes
+from sphinx.transforms.post_transforms import SphinxPostTransform
+from sphinx.util import docname_join
 from sphinx.util import logging
 from sphinx.util.nodes import make_refnode
 
@@ -134,6 +137,23 @@ def extract_frames(html: str, outdir: Path, url) -> str:
 
 
 # ---- markup fixes ---------------------------------------------------------------------------------
+
+# a printed output's <pre> (myst-nb: stream or text/plain), and the tags inside it
+_OUTPUT_PRE = re.compile(r'(<div class="output (?:stream|text_plain)[^"]*)'
+                         r'("><div class="highlight"><pre>)(.*?)(</pre>)', re.S)
+_TAG = re.compile(r"<[^>]+>")
+
+
+def wrap_prose_outputs(html: str) -> str:
+    """Printed output that reads as prose gets the class preln-wrap, whose long lines the site
+    wraps; a printed table (preln.nb.reads_as_table) keeps its columns and fits the column."""
+    from preln.nb import reads_as_table
+
+    def mark(m):
+        text = _TAG.sub("", m.group(3))
+        return m.group(0) if reads_as_table(text) else m.group(1) + " preln-wrap" + m.group(0)[len(m.group(1)):]
+    return _OUTPUT_PRE.sub(mark, html)
+
 
 def fix_markup(html: str) -> str:
     # docutils' HTML5 writer (0.21, for sphinxcontrib-bibtex's bibliography) gives each citation
@@ -296,7 +316,7 @@ def rewrite_body(app, pagename, templatename, context, doctree):
             if not (images / name).exists():
                 (images / name).write_bytes(png)
         body = apply_dark_figures(body, _book_figure_darks(app), write)
-    context["body"] = fix_markup(body)
+    context["body"] = wrap_prose_outputs(fix_markup(body))
 
 
 def visit_hide_cell_input(self, node):
@@ -730,6 +750,44 @@ def label_header_pages(app, exception):
             path.write_text(labelled, encoding="utf-8")
 
 
+# ---- a link to a chapter names it as the sidebar does: its number and short title (issue 33) ----
+
+def chapter_names(app) -> dict:
+    """{docname: "Chapter 6, Why Pre-LN: Pre-LN vs Post-LN"} for every numbered chapter: its number
+    (Sphinx's toc_secnumbers) and its title in _toc.yml (else its page title), as the sidebar
+    shows them ("6. Why Pre-LN: ..."), worded to read in a sentence."""
+    env = app.env
+    titles = {}
+    for doctree_name in env.toctree_includes:
+        for toctree in env.get_doctree(doctree_name).findall(addnodes.toctree):
+            titles.update({ref: title for title, ref in toctree["entries"] if title})
+    names = {}
+    for doc, numbers in env.toc_secnumbers.items():
+        number = numbers.get("")
+        if number:
+            title = titles.get(doc) or env.titles[doc].astext()
+            names[doc] = "Chapter " + ".".join(map(str, number)) + ", " + title
+    return names
+
+
+class NumberChapterLinks(SphinxPostTransform):
+    """A {doc} link that names no text of its own names the chapter by its number and its short
+    title, as the sidebar does, not by the page's longer heading: one name per chapter."""
+    default_priority = 5            # before Sphinx's ReferencesResolver (10) writes the title
+
+    def run(self, **kwargs):
+        names = None
+        for node in self.document.findall(addnodes.pending_xref):
+            if node.get("reftype") != "doc" or node.get("refexplicit"):
+                continue
+            if names is None:
+                names = chapter_names(self.app)
+            target = docname_join(node.get("refdoc", self.env.docname), node["reftarget"])
+            if target in names:
+                node["refexplicit"] = True
+                node[:] = [nodes.inline(names[target], names[target], classes=["xref", "std", "std-doc"])]
+
+
 def setup(app):
     from myst_nb.sphinx_ import HideCodeCellNode
 
@@ -742,6 +800,7 @@ def setup(app):
     app.connect("doctree-read", rename_assignment_downloads, priority=600)   # after the collector (500)
     # after Sphinx's own resolvers (intersphinx, the builtin resolver) had their go
     app.connect("missing-reference", resolve_docstring_refs, priority=900)
+    app.add_post_transform(NumberChapterLinks)
     app.add_node(HideCodeCellNode, override=True, html=(visit_hide_cell_input, depart_hide_cell_input))
     setup_deeper(app)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -20,6 +20,7 @@ once they exist; the site's build writes them itself).
 """
 from __future__ import annotations
 
+import re
 import sys
 from html import escape
 from pathlib import Path
@@ -277,11 +278,11 @@ def _tensor_parallel(c: Canvas):
         ("LN₁", "attn", [weight("self_attn.in_proj_weight", "W_in rows"),
                          lambda r: [span(r, H, "heads") + f" of {H}", f"dₕ = {cfg.d_head}"],
                          weight("self_attn.out_proj.weight", "W_out cols")],
-         ["x₁ = x + a + b_out", "b_out replicated, added once after the sum"]),
+         ["x′ = x + a + b_out", "b_out replicated, added once after the sum"]),
         ("LN₂", "mlp", [weight("linear1.weight", "W₁ rows"),
                         lambda r: ["GELU, " + span(r, F, "units"), f"of F = {F}"],
                         weight("linear2.weight", "W₂ cols")],
-         ["y = x₁ + z + b₂", "(B, S, D) · SP: (B, S/P, D)"])]
+         ["y = x′ + z + b₂", "(B, S, D) · SP: (B, S/P, D)"])]
     for k, (norm, role, rows, residual) in enumerate(sublayers):
         whole([f"{norm}, on every rank", "γ, β replicated"], "norm")
         collective(*ENTER)
@@ -318,7 +319,7 @@ FLOW_ROW_MIN = 36
 
 _PRETTY = [("W_in^T", "Wᵢₙᵀ"), ("W_out^T", "W_outᵀ"), ("W_1^T", "W₁ᵀ"), ("W_2^T", "W₂ᵀ"),
            ("b_in", "bᵢₙ"), ("b_1", "b₁"), ("b_2", "b₂"), ("k^T", "kᵀ"), ("sqrt(d_h)", "√dₕ"),
-           ("h1", "h₁"), ("h2", "h₂"), ("x1", "x₁"), ("LN(x)", "LN₁(x)"), ("LN(x₁)", "LN₂(x₁)"),
+           ("h1", "h₁"), ("h2", "h₂"), ("x1", "x′"), ("LN(x)", "LN₁(x)"), ("LN(x′)", "LN₂(x′)"),
            ("W_in", "Wᵢₙ"), ("W_out", "Wₒᵤₜ"), ("b_out", "bₒᵤₜ"), ("d_h", "dₕ"), (" * ", " · ")]
 
 
@@ -695,8 +696,8 @@ def _paged(c: Canvas):
     # (4) grouped-query attention: which key/value head each query head reads
     H, Hkv = m.n_heads, m.n_kv_heads
     group = H // Hkv
-    c.text(10, y + 14, f"each block: k, v of H_kv = {Hkv} heads", anchor="start", bold=True)
-    c.text(10, y + 32, f"GQA: query head h reads kv head h // {group}", anchor="start",
+    c.text(10, y + 14, f"each block: k, v of Hₖᵥ = {Hkv} heads", anchor="start", bold=True)
+    c.text(10, y + 32, f"GQA: query head h reads kv head ⌊h/{group}⌋", anchor="start",
            size=MIN_FONT, colour="muted")
     y += 46
     qx = [10 + (WIDTH - 20) * (h + 0.5) / H for h in range(H)]
@@ -719,8 +720,8 @@ def _paged(c: Canvas):
             + "; ".join(f"sequence {_SEQ_NAMES[r]}, {lengths[r]} tokens, blocks "
                         + ", ".join(map(str, tables[r])) for r in sorted(tables))
             + f"; {used} of {PAGED_BLOCKS} blocks are in use, the others free. Each block holds "
-            f"the keys and values of the H_kv key/value heads; with grouped-query attention "
-            f"(H = {H} query heads, H_kv = {Hkv}) query head h reads key/value head h // {group}.")
+            f"the keys and values of the Hₖᵥ key/value heads; with grouped-query attention "
+            f"(H = {H} query heads, Hₖᵥ = {Hkv}) query head h reads key/value head ⌊h/{group}⌋.")
     return "A paged KV cache: timeline, block tables and pool", desc, y
 
 
@@ -918,7 +919,12 @@ def _gguf(c: Canvas):
 
 
 # ---- 10. INT8 matmuls: the pipeline, LLM.int8's split, SmoothQuant's migration (int8) -----------
+#: a subscript with no Unicode character (w): drawn a little lower in a <tspan>, then back up
+_SUB_W = re.compile(r"([sq])_w(.*?)</text>")
+
+
 def _int8(c: Canvas):
+    first = len(c.items)
     q = qmax(8)
     thr = SCHEME_OPTIONS["llm.int8"]["threshold"]
     alpha = SCHEME_OPTIONS["smoothquant"]["alpha"]
@@ -972,20 +978,23 @@ def _int8(c: Canvas):
     step(["Y = int8 part + float16 part"], "mlp", arrow=False)
     y += 20
     head(f"SmoothQuant: outliers moved into W, α = {alpha:g}")
-    step([f"sⱼ = max|Xⱼ|^α / max|Wⱼ|^(1 − α)", "one factor per input column j"], "norm")
+    step([f"sⱼ = max|Xⱼ|ᵅ / max|Wⱼ|¹⁻ᵅ", "one factor per input column j"], "norm")
     pair((["X′ = X diag(s)⁻¹", "tamer: int8 fits"], "attn"),
          (["W′ = W diag(s)", "absorbs the scale"], "mlp"))
     arrows(join=True)
     step(["X′ W′ᵀ = X Wᵀ, then the W8A8 path"], "kv", arrow=False)
     y += 10
+    sub = r'\1<tspan dy="4" font-size="%d">w</tspan><tspan dy="-4">\2</tspan></text>' % MIN_FONT
+    for k in range(first, len(c.items)):            # s_w, q_w: w as a subscript
+        c.items[k] = _SUB_W.sub(sub, c.items[k])
     desc = (f"Three panels. W8A8: the activations X, (N, K), and the weights W, (M, K), are each "
             f"quantised to int8, row by row, with a scale s = max|x| / {q} (q = round(x / s)); the int8 product "
             f"accumulates its K terms in int32, exact for K up to {int32_max_terms(8):,} terms, and "
             f"is rescaled to float by the product of the two scales. LLM.int8: the columns of X "
             f"where some value reaches |x| ≥ {thr:g} go through a float16 matmul with the matching "
             f"columns of W, the rest through the int8 path, and the two parts are added. "
-            f"SmoothQuant: a factor s_j = max|X_j|^alpha / max|W_j|^(1 - alpha) per input column "
-            f"(alpha = {alpha:g}) divides X's column j and multiplies W's, which leaves the product "
+            f"SmoothQuant: a factor sⱼ, max|Xⱼ| to the power α over max|Wⱼ| to the power 1 − α, "
+            f"per input column j (α = {alpha:g}), divides X's column j and multiplies W's, which leaves the product "
             f"unchanged and moves the outliers from the activations into the weights, where int8 "
             f"handles them; then the W8A8 path runs.")
     return "INT8 matrix products: W8A8, LLM.int8 and SmoothQuant", desc, y
@@ -1096,7 +1105,8 @@ def _pipeline(c: Canvas):
                     c.box(x + 1, top + 1, cell - 2, row - 2, rx=0, width=0.8, dashed=True, hollow=True)
                     continue
                 c.box(x, top, cell, row, "attn" if f >= 0 else "mlp", rx=0, width=0.8)
-                c.text(x + cell / 2, top + 15, str(max(f, b)), size=MIN_FONT, bold=b >= 0)
+                # micro-batches counted from 1, as the chapter's GPipe figure counts them
+                c.text(x + cell / 2, top + 15, str(max(f, b) + 1), size=MIN_FONT, bold=b >= 0)
             c.text(WIDTH - 10 - 20, top + 15, str(int(peak[s])), size=FONT, bold=True)
         y += p * row + 20
         pct = round(100 * sched.bubble)
@@ -1112,7 +1122,7 @@ def _pipeline(c: Canvas):
            colour="muted")
     y += 34
     desc = (f"Two pipeline schedules of one training step on {p} stages (rows, stage 0 at the "
-            f"top) with {m} micro-batches numbered 0 to {m - 1}, one cell per time step, a forward "
+            f"top) with {m} micro-batches numbered 1 to {m}, one cell per time step, a forward "
             f"or a backward taking one step each; blank dashed cells are idle. "
             + ". ".join(described) + ". 1F1B starts the backward of each micro-batch as soon as "
             f"the last stage has its forward, so stage s holds at most p − s micro-batches instead "

@@ -60,7 +60,8 @@ __all__ = ["PALETTE", "OKABE_ITO", "COLUMN_PX", "MIN_TEXT_PX", "SERIES_COLOURS",
            "figure_bundle", "DARK_BACKGROUND", "FRAME_DARK_FILTER", "apply_style", "control",
            "explorable", "figure_png", "Control", "Explorable", "MAX_FRAMES", "FRAME_COLORS",
            "contrast_ratio", "data_contrast", "shown_colour", "relative_luminance",
-           "MIN_DATA_CONTRAST", "table_caption", "typeset_html", "has_colour_scale", "control_kind", "MAX_TOGGLE_VALUES", "PLAY_SECONDS"]
+           "MIN_DATA_CONTRAST", "violations", "small_texts", "ascii_labels", "legends_over_data",
+           "off_palette", "display_scale", "TIGHT_PAD_IN", "table_caption", "typeset_html", "has_colour_scale", "control_kind", "MAX_TOGGLE_VALUES", "PLAY_SECONDS"]
 
 # Okabe-Ito (Okabe & Ito 2008), ordered for a prop_cycle, with its light hues darkened so that every
 # data colour is at least 3:1 (WCAG 1.4.11, non-text contrast) against the figures' white face:
@@ -170,7 +171,8 @@ METHOD_COLOURS: dict[str, str] = {
 }
 MODEL_COLOURS: dict[str, str] = {
     "Pre-LN": PALETTE[0], "Post-LN": PALETTE[1],
-    "GPT-style": PALETTE[1], "Llama-style": PALETTE[0], "Llama-style, MQA": PALETTE[2],
+    # the GPT-style block is the Pre-LN block of the Foundations chapters: it keeps Pre-LN's blue
+    "GPT-style": PALETTE[0], "Llama-style": PALETTE[5], "Llama-style, MQA": PALETTE[2],
     "GPT-2 XL": PALETTE[0], "Llama 2 7B": PALETTE[1], "Llama 2 70B": PALETTE[2],
 }
 #: every named colour of the book, by the name a label carries
@@ -461,6 +463,175 @@ def dark_png(fig, *, dpi: float | None = None, colors: int | None = None, tight:
     return buf.getvalue() if colors is None else palette_png(buf.getvalue(), int(colors))
 
 
+# ---- checks of the figure standard -------------------------------------------------------------
+# ``violations(fig)`` names what keeps a drawn figure from the standard above: text smaller than
+# MIN_TEXT_PX as displayed at 1280 px, ASCII where the book typesets (``x_L``, ``1e-05``, a hyphen
+# as minus, ``sqrt(``) or "(dimensionless)", a legend over data, a named dtype, method or model off
+# its colour. figure_bundle records them in every displayed figure's output metadata, so
+# tests/test_figure_standard.py checks every stored figure of the book.
+
+#: tight bounding box padding matplotlib adds around a saved static figure (bbox_inches="tight")
+TIGHT_PAD_IN = 0.1
+#: a data point this far inside a legend's box (display px) counts as covered
+LEGEND_INSET_PX = 1.0
+#: lines are checked against legends at a point every this many display px
+SEGMENT_STEP_PX = 2.0
+
+# ASCII where the book typesets: a subscript (x_L), e-notation (1e-05), a hyphen as minus (-3),
+# a function name in ASCII (sqrt(...)); math between $...$ is typeset and is not searched
+_ASCII = {
+    "subscript": re.compile(r"(?<![\w\\])[A-Za-z]_[A-Za-z0-9{]"),
+    "e-notation": re.compile(r"\d(?:\.\d+)?e[+\-]?\d"),
+    "hyphen minus": re.compile(r"(?<![\w)\]])-\d"),
+    "ascii sqrt": re.compile(r"\bsqrt\("),
+}
+
+
+def _drawn(fig):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    canvas.draw()
+    return canvas.get_renderer()
+
+
+def _texts(fig):
+    """Every text the reader sees: titles, labels, annotations, legends, tick labels in view."""
+    out = [t for t in fig.texts]
+    for lg in fig.legends:
+        out += lg.get_texts()
+    for ax in fig.axes:
+        if not ax.get_visible():
+            continue
+        out += [ax.title, ax._left_title, ax._right_title, ax.xaxis.label, ax.yaxis.label]
+        out += ax.texts
+        if ax.get_legend():
+            out += ax.get_legend().get_texts() + [ax.get_legend().get_title()]
+        for axis, (lo, hi) in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim())):
+            lo, hi = sorted((lo, hi))
+            for minor in (False, True):
+                for tick in (axis.get_minor_ticks() if minor else axis.get_major_ticks()):
+                    if lo - 1e-12 <= tick.get_loc() <= hi + 1e-12:
+                        out += [t for t in (tick.label1, tick.label2) if t.get_visible()]
+    return [t for t in out if t.get_visible() and t.get_text().strip()]
+
+
+def display_scale(fig, css_dpi, tight):
+    """CSS px per point as displayed: a figure wider than the column is scaled down to it."""
+    renderer = _drawn(fig)
+    if tight:
+        width_in = fig.get_tightbbox(renderer).width + 2 * TIGHT_PAD_IN
+    else:
+        width_in = fig.get_size_inches()[0]
+    shrink = min(1.0, COLUMN_PX / (width_in * css_dpi))
+    return css_dpi / 72 * shrink
+
+
+def small_texts(fig, css_dpi=CSS_PX_PER_INCH, tight=True):
+    scale = display_scale(fig, css_dpi, tight)
+    return sorted({(t.get_text()[:30], round(t.get_fontsize() * scale, 1))
+                   for t in _texts(fig) if t.get_fontsize() * scale < MIN_TEXT_PX - 1e-9})
+
+
+def _outside_math(text):
+    return re.sub(r"\$[^$]*\$", "", text)
+
+
+def ascii_labels(fig):
+    found = []
+    for t in _texts(fig):
+        plain = _outside_math(t.get_text())
+        found += [(kind, t.get_text()) for kind, rx in _ASCII.items() if rx.search(plain)]
+        if "dimensionless" in plain:
+            found.append(("dimensionless", t.get_text()))
+    return found
+
+
+def _data_points(ax):
+    """Display coordinates of the data an axes draws, inside the axes: line vertices (and points
+    between them), scatter offsets, bar corners and centres."""
+    import numpy as np
+    from matplotlib.patches import Rectangle
+
+    pts = []
+    for ln in ax.get_lines():
+        if not ln.get_visible() or not len(ln.get_xdata()):
+            continue
+        xy = ln.get_transform().transform(np.column_stack([ln.get_xdata(), ln.get_ydata()]).astype(float))
+        xy = xy[np.all(np.isfinite(xy), axis=1)]
+        if len(xy) > 1 and ln.get_linestyle() not in ("None", "none", ""):
+            for a, b in zip(xy[:-1], xy[1:]):   # a point every SEGMENT_STEP_PX along each segment
+                n = max(2, int(np.hypot(*(b - a)) / SEGMENT_STEP_PX) + 1)
+                t = np.linspace(0, 1, n)[:, None]
+                pts.append(a * (1 - t) + b * t)
+        pts.append(xy)
+    for c in ax.collections:
+        if c.get_visible() and len(c.get_offsets()):
+            xy = c.get_offset_transform().transform(np.asarray(c.get_offsets(), float))
+            pts.append(xy[np.all(np.isfinite(xy), axis=1)])
+    for p in ax.patches:
+        if isinstance(p, Rectangle) and p.get_visible() and p.get_width() and p.get_height():
+            b = p.get_window_extent()
+            pts.append(np.array([[b.x0, b.y0], [b.x1, b.y1], [b.x0, b.y1], [b.x1, b.y0],
+                                 [(b.x0 + b.x1) / 2, (b.y0 + b.y1) / 2]]))
+    if not pts:
+        return np.zeros((0, 2))
+    xy = np.concatenate(pts)
+    box = ax.bbox          # data outside the axes is clipped: not drawn, so not covered
+    inside = (xy[:, 0] >= box.x0) & (xy[:, 0] <= box.x1) & (xy[:, 1] >= box.y0) & (xy[:, 1] <= box.y1)
+    return xy[inside]
+
+
+def legends_over_data(fig):
+    """(legend's first label, data points under it) of every legend drawn over data."""
+    _drawn(fig)
+    legends = [lg for lg in fig.legends] + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+    hits = []
+    for lg in legends:
+        box = lg.get_window_extent().padded(-LEGEND_INSET_PX)
+        for ax in fig.axes:
+            xy = _data_points(ax)
+            inside = ((xy[:, 0] > box.x0) & (xy[:, 0] < box.x1) & (xy[:, 1] > box.y0) & (xy[:, 1] < box.y1))
+            if inside.any():
+                hits.append((lg.get_texts()[0].get_text() if lg.get_texts() else "legend", int(inside.sum())))
+    return hits
+
+
+def _colour(artist):
+    from matplotlib.collections import Collection
+    from matplotlib.lines import Line2D
+
+    if isinstance(artist, Line2D):
+        return artist.get_color()
+    if isinstance(artist, Collection):
+        fc = artist.get_facecolor()
+        return fc[0] if len(fc) else artist.get_edgecolor()[0]
+    return artist.get_facecolor()
+
+
+def off_palette(fig):
+    """Labelled series that name a dtype, method or model drawn in another colour than the book's."""
+    from matplotlib.colors import to_hex
+
+    wrong = []
+    for ax in fig.axes:
+        for artist in ax.get_lines() + ax.collections + ax.patches:
+            label = artist.get_label()
+            name = None if label.startswith("_") else series_name(label)
+            if name and to_hex(_colour(artist), keep_alpha=False) != to_hex(SERIES_COLOURS[name]):
+                wrong.append((label, to_hex(_colour(artist)), name))
+    return wrong
+
+
+def violations(fig, css_dpi=CSS_PX_PER_INCH, tight=True):
+    """{kind: what} of what keeps ``fig`` from the book's figure standard, as displayed at 1280 px
+    (static figures at CSS_PX_PER_INCH, cropped tight; explorable frames at FRAME_CSS_DPI)."""
+    return {k: v for k, v in {"small text": small_texts(fig, css_dpi, tight),
+                              "ascii or dimensionless": ascii_labels(fig),
+                              "legend over data": legends_over_data(fig),
+                              "off the book's colours": off_palette(fig)}.items() if v}
+
+
 #: the class of the dark variant's <img> in a figure's HTML copy (the site moves it into a file)
 DARK_IMG_CLASS = "preln-figure-dark"
 
@@ -475,6 +646,10 @@ def figure_bundle(fig, include=None, exclude=None):
     dark = base64.b64encode(dark_png(fig, colors=FIGURE_COLORS)).decode()
     data["text/html"] += (f'<img class="{DARK_IMG_CLASS}" hidden="hidden" alt="" '
                           f'src="data:image/png;base64,{dark}">')
+    # what keeps it from the book's figure standard, kept with the output for the tests to read
+    metadata["preln"] = {"standard": {kind: [list(map(str, v)) if isinstance(v, tuple) else str(v)
+                                             for v in found]
+                                      for kind, found in violations(fig).items()}}
     return data, metadata
 
 

@@ -229,7 +229,7 @@ def test_404_page(open_page, site_url):
 
 def test_the_root_is_the_front_page_in_the_theme(open_page, browser, site_url):
     """`/` (issue 33, the front door) goes to the root document, book/intro, which the theme draws
-    with its header and sidebar: what the book is, the block diagram, "Start with chapter 1" and the
+    with its header and sidebar: what the book is, the block diagram, "Start here: Chapter 1, ..." and the
     reading paths. By a script at once and, without scripts (or from file://), a meta refresh; its
     own page shows nothing for the moment it is up."""
     built = (sitebrowser.SITE / "index.html").read_text(encoding="utf-8")
@@ -242,7 +242,7 @@ def test_the_root_is_the_front_page_in_the_theme(open_page, browser, site_url):
         assert page.locator("#fig-block img").count(), "no block diagram on the front page"
         assert page.locator("#fig-chapter-map img").count(), "no reading paths on the front page"
         start = page.locator(".preln-start a[href='build_and_train.html']")
-        assert start.count() and "Start with chapter 1" in page.locator(".preln-start").inner_text()
+        assert start.count() and "Start here: Chapter 1, " in page.locator(".preln-start").inner_text()
         hrefs = page.evaluate("() => Array.from(document.querySelectorAll('.bd-sidebar-primary a'))"
                               ".map(a => new URL(a.href).pathname)")
         missing = [p for p in PAGES[1:] if not any(h.endswith(f"/{p}.html") for h in hrefs)]

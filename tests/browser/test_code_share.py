@@ -1,7 +1,8 @@
 """Code serves the text (issue 33): on every chapter at 1280 px, the code a reader sees without
 opening anything takes at most MAX_SHARE of the page's height, and no visible code scrolls
-sideways. Cells that only plot, glue, assert or build an explorable are behind "Show code"
-(`hide-input`); scripts/code_share.py measures (and prints the table of) what is checked here.
+sideways, nor does printed output (prose wraps; a printed table fits). Cells that only plot, glue,
+assert or build an explorable are behind "Show code" (`hide-input`); scripts/code_share.py
+measures (and prints the table of) what is checked here.
 """
 from __future__ import annotations
 
@@ -36,3 +37,6 @@ def test_visible_code_share(open_page, name):
         "'Show code' (tag hide-input)")
     assert not m["scrolling"], (f"{name}: {len(m['scrolling'])} visible code cell(s) scroll "
                                 f"sideways at {code_share.WIDTH} px: {m['scrolling']}")
+    assert not m["outputs"], (f"{name}: {len(m['outputs'])} printed output(s) scroll sideways at "
+                              f"{code_share.WIDTH} px (a printed table wider than the column?): "
+                              f"{m['outputs']}")

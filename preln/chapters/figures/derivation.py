@@ -34,7 +34,7 @@ from preln.nb import set_alt, short_alt, sig
 from preln.ops import (activation_forward, attention_forward, layer_norm_forward, linear_forward,
                    merge_heads, softmax, split_heads)
 from preln.ops.attention import key_end, online_softmax_step, tiles
-from preln.chapters.viz import PALETTE, control, legend_outside, table_caption, tex_number
+from preln.chapters.viz import COLUMN_IN, PALETTE, control, legend_outside, table_caption, tex_number
 
 __all__ = [
     "FORWARD_STEPS", "MASKS", "Table", "forward_steps", "intermediate_loss", "param_loss",
@@ -383,35 +383,36 @@ def gelu_difference(lo=-8.0, hi=8.0, n=1_600_001):
 
 
 def plot_gelu(lo=-5.0, hi=5.0) -> Figure:
-    """Left: exact and tanh GELU (and ReLU for reference). Right: their difference."""
+    """Above: exact and tanh GELU (and ReLU for reference). Below: their difference."""
     from preln.ops import gelu, gelu_tanh, relu
     x = np.linspace(lo, hi, 2001)
     d = gelu_difference(lo, hi, 200_001)
-    fig = Figure(figsize=(8.5, 3.4))
-    ax1, ax2 = fig.subplots(1, 2)
+    # two panels stacked at the column's width (curves above, their difference below)
+    fig = Figure(figsize=(COLUMN_IN - 0.2, 6.4))
+    ax1, ax2 = fig.subplots(2, 1)
     ax1.plot(x, relu(x), color=BLACK, lw=1, ls=":", label="ReLU")
     ax1.plot(x, gelu(x), color=BLUE, label=r"GELU, $x\,\Phi(x)$")
     ax1.plot(x, gelu_tanh(x), color=ORANGE, ls="--", label="GELU, tanh form")
-    ax1.set_xlabel("input x")
+    ax1.set_xlabel("input $x$")
     ax1.set_ylabel("activation")
     ax1.set_title("GELU, exact and tanh")
     ax1.legend()
     ax2.plot(d["x"], d["diff"], color=VERMILLION)
     for s in (-1, 1):
         ax2.axvline(s * d["x_at_max"], color=BLACK, lw=1, alpha=0.5)
-    ax2.set_xlabel("input x")
+    ax2.set_xlabel("input $x$")
     ax2.set_ylabel("tanh form − exact")
-    ax2.set_title(f"Difference, max |·| = {tex_number(d['max_abs'])} at x = ±{d['x_at_max']:.2f}",
-                  fontsize=10)
+    ax2.set_title(f"Difference, max |·| = {tex_number(d['max_abs'])} at $x = \\pm${d['x_at_max']:.2f}",
+                  fontsize=11)
     ax2.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     g = gelu(x)
     at = f"x = ±{d['x_at_max']:.2f}" if d["x_at_max"] else "x = 0"
     alt = (f"Exact GELU and its tanh form over ReLU, x from {sig(lo)} to {sig(hi)}: the curves overlap; "
            f"they differ by at most {sig(d['max_abs'])}, at {at}.")
-    description = (f"Left: the exact GELU, x Φ(x), and its tanh approximation, drawn over ReLU (dotted) "
+    description = (f"Above: the exact GELU, x Φ(x), and its tanh approximation, drawn over ReLU (dotted) "
                    f"for x from {sig(lo)} to {sig(hi)}. The two GELU curves cannot be told apart: close "
                    f"to 0 for negative x, close to x for positive x, with a lowest value of "
-                   f"{sig(g.min())} at x = {sig(x[np.argmin(g)])} on this range. Right: their difference, "
+                   f"{sig(g.min())} at x = {sig(x[np.argmin(g)])} on this range. Below: their difference, "
                    f"tanh form minus exact, a curve symmetric about x = 0 whose largest magnitude, "
                    f"{sig(d['max_abs'])}, is at {at} (vertical lines).")
     return set_alt(fig, short_alt(alt), description)

@@ -89,20 +89,21 @@ def plot_jacobians(d_model=8, scale=1.0) -> Figure:
     pair = jacobian_pair(d_model, scale)
     J_pre, J_post = pair["J_pre"], pair["J_post"]
     lim = float(max(np.abs(J_pre).max(), np.abs(J_post).max()))
-    fig = Figure(figsize=(7.6, 3.9))
+    # at the column's width; the two maps side by side on one colour scale, text at 10 pt
+    fig = Figure(figsize=(COLUMN_IN, 3.9))
     axes = fig.subplots(1, 2)
     for ax, J, name in zip(axes, (J_pre, J_post), ("Pre-LN", "Post-LN")):
         im = ax.imshow(J, cmap=DIVERGING, vmin=-lim, vmax=lim)
         ticks = np.arange(0, J.shape[0], d_model)
-        ax.set_xticks(ticks - 0.5, [f"t{t // d_model}" for t in ticks], fontsize=9, ha="left")
-        ax.set_yticks(ticks - 0.5, [f"t{t // d_model}" for t in ticks], fontsize=9, va="top")
+        ax.set_xticks(ticks - 0.5, [f"t{t // d_model}" for t in ticks], fontsize=10, ha="left")
+        ax.set_yticks(ticks - 0.5, [f"t{t // d_model}" for t in ticks], fontsize=10, va="top")
         ax.grid(True, color="0.5", alpha=0.5, lw=0.5)
-        ax.set_xlabel("input entry x (token t, then feature)")
-        ax.set_ylabel("output entry y (token t, then feature)")
+        ax.set_xlabel("input $x$ (token, feature)", fontsize=10)
+        ax.set_ylabel("output $y$ (token, feature)", fontsize=10)
         st = jacobian_stats(J)
-        ax.set_title(f"{name}: diag {st['diag']:.2f}, ‖J−I‖ {st['dist']:.2f}", fontsize=9)
+        ax.set_title(f"{name}\ndiag {st['diag']:.2f}, ‖J−I‖ {st['dist']:.2f}", fontsize=10)
     fig.colorbar(im, ax=list(axes), label="∂y/∂x", shrink=0.85)
-    fig.suptitle(f"D = {d_model}, input scale {scale:g}", fontsize=11)
+    fig.suptitle(f"$D = {d_model}$, input scale {scale:g}", fontsize=11)
     return fig
 
 
@@ -461,8 +462,9 @@ def plot_bn_token(batch_size=8, pad_fraction=0.0) -> Figure:
     out = bn_token_outputs(batch_size, pad_fraction)
     C = out["ln"].size
     ch = np.arange(C)
-    fig = Figure(figsize=(8.0, 3.3))
-    ax1, ax2 = fig.subplots(1, 2, sharey=True)
+    # two panels stacked at the column's width; the legend below BatchNorm's, never over its bars
+    fig = Figure(figsize=(COLUMN_IN, 6.4))
+    ax1, ax2 = fig.subplots(2, 1, sharey=True)
     ax1.bar(ch - 0.2, out["bn_train"], 0.4, color=VERMILLION, label="training mode (this batch)")
     ax1.bar(ch + 0.2, out["bn_eval"], 0.4, color=SKY, label="eval mode (running statistics)")
     gap = float(np.abs(out["bn_train"] - out["bn_eval"]).mean())
@@ -471,9 +473,9 @@ def plot_bn_token(batch_size=8, pad_fraction=0.0) -> Figure:
     ax2.set_title("LayerNorm: the same in every frame", fontsize=10)
     for ax in (ax1, ax2):
         ax.axhline(0, color=BLACK, lw=0.8)
-        ax.set_xlabel("channel (feature)")
         ax.set_ylabel("normalised output")
-        ax.legend(loc="upper left")
+        ax.set_xlabel("channel (feature)")
+    ax1.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
     ax1.set_ylim(-4.0, 4.0)   # covers every frame of EXPLORABLES (largest |value| about 3.7)
     fig.suptitle(f"One token in a batch of {batch_size} real tokens + {out['n_pad']} padding tokens",
                  fontsize=11)
@@ -483,10 +485,11 @@ def plot_bn_token(batch_size=8, pad_fraction=0.0) -> Figure:
 def bn_token_alt(batch_size=8, pad_fraction=0.0) -> str:
     out = bn_token_outputs(batch_size, pad_fraction)
     gap = float(np.abs(out["bn_train"] - out["bn_eval"]).mean())
-    return (f"Two bar charts of one token's {out['ln'].size} normalised channel values. Left, "
+    return (f"Two bar charts, one above the other, of one token's {out['ln'].size} normalised "
+            f"channel values. Above, "
             f"BatchNorm in a batch of {batch_size} real tokens and {out['n_pad']} zero padding "
             f"tokens: training-mode bars (vermillion, this batch's statistics) next to eval-mode bars "
-            f"(sky blue, the population's statistics); they differ by {gap:.2f} on average. Right, "
+            f"(sky blue, the population's statistics); they differ by {gap:.2f} on average. Below, "
             f"LayerNorm's output for the same token, identical in every frame because it uses only "
             f"the token's own statistics.")
 

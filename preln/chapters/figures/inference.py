@@ -12,7 +12,7 @@ import numpy as np
 
 from preln.nn.config import BlockConfig
 from preln.chapters.inference import PUBLISHED, compute_bound_batch, decode_cost, kv_cache_bytes, step_ops
-from preln.chapters.viz import COLUMN_IN, PALETTE, control, figure_legend, legend_outside
+from preln.chapters.viz import COLUMN_IN, PALETTE, control, legend_outside, log_ticks
 from preln.nb import fixed, set_alt, short_alt, span
 
 __all__ = ["EXPLORABLES", "plot_roofline", "plot_published", "plot_fusion_bytes",
@@ -209,23 +209,28 @@ def plot_attention_io(panels):
     axes = np.atleast_1d(axes)
     for ax, (xlabel, xs, std, til, f_std, f_til, title) in zip(axes, panels):
         k_std, k_til = (round(f.exponent, 2) + 0.0 for f in (f_std, f_til))   # no "-0.00"
-        ax.loglog(xs, std, "o", color=PALETTE[1], label=f"standard, slope {k_std:.2f}")
+        ax.loglog(xs, std, "o", color=PALETTE[1], label=f"standard, slope {fixed(k_std)}")
         ax.loglog(xs, f_std(xs), "-", color=PALETTE[1], lw=1)
-        ax.loglog(xs, til, "s", color=PALETTE[0], label=f"tiled, slope {k_til:.2f}")
+        ax.loglog(xs, til, "s", color=PALETTE[0], label=f"tiled, slope {fixed(k_til)}")
         ax.loglog(xs, f_til(xs), "-", color=PALETTE[0], lw=1)
         ax.minorticks_off()
         ax.set_xticks(list(xs), [str(int(v)) for v in xs], fontsize=9)
         ax.set_xlabel(xlabel)
         ax.set_title(title, loc="left", fontsize=10)
         ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1))
+        log_ticks(ax, "y")                 # at least three labelled ticks, whatever the span
     axes[0].set_ylabel("slow-memory accesses (elements)")
     def k(fit):                       # two decimals, as the legend; a Unicode minus, no "−0.00"
         return fixed(fit.exponent)
 
-    slopes = "; ".join(f"{p[0].split(' (')[0].split()[-1]} {k(p[4])} and {k(p[5])}" for p in panels)
+    def plain(text):                  # the words of a mathtext label: "$d_h$" read as "dₕ"
+        return text.replace("$d_h$", "dₕ").replace("$", "")
+
+    slopes = "; ".join(f"{plain(p[0]).split(' (')[0].split()[-1]} {k(p[4])} and {k(p[5])}"
+                       for p in panels)
     alt = f"Slow-memory accesses of standard and tiled attention, log-log; slopes (standard, tiled) against {slopes}."
-    description = " ".join(f"Against {p[0]} ({p[6]}): standard slope {k(p[4])}, tiled slope {k(p[5])}."
-                           for p in panels)
+    description = " ".join(f"Against {plain(p[0])} ({plain(p[6])}): standard slope {k(p[4])}, tiled slope "
+                           f"{k(p[5])}." for p in panels)
     return set_alt(fig, short_alt(alt), description)
 
 
@@ -415,28 +420,37 @@ def plot_paged_memory(paged, reserved, block_size, max_len, bytes_per_position):
     """KV-cache memory over scheduler steps: the tokens stored, what the paged cache holds (whole
     blocks), and what reserving max_len per running sequence would hold; below, how many
     sequences run per step under the paged cache and under the reservation (same pool)."""
-    fig, (ax, bx) = _figure((COLUMN_IN - 0.2, 6.6), 2, 1, sharex=True)
+    # each panel its own step range (the paged run finishes first), and one colour per run: the
+    # paged run blue, the max_len-reserving run vermillion; the top panel is the paged run alone,
+    # with what its own batch would hold reserving max_len in black
+    fig, (ax, bx) = _figure((COLUMN_IN - 0.2, 7.0), 2, 1)
     kib = bytes_per_position / 2**10
     steps = np.array([r.step for r in paged.steps])
     stored = np.array([r.tokens_stored for r in paged.steps]) * kib
     held = np.array([r.blocks_used * block_size for r in paged.steps]) * kib
     whole = np.array([r.reserved_tokens for r in paged.steps]) * kib
-    ax.plot(steps, whole, "-", color=PALETTE[1], lw=1.6, label=f"reserving max_len = {max_len} per sequence")
+    ax.plot(steps, whole, "--", color=PALETTE[6], lw=1.4,
+            label=f"had each sequence reserved max_len = {max_len}")
     ax.plot(steps, held, "-", color=PALETTE[0], lw=1.6, label=f"paged: blocks of {block_size} held")
-    ax.fill_between(steps, 0, stored, color=PALETTE[2], alpha=0.35, lw=0)
-    # the pale area is named by its edge, drawn at full colour (3:1 on white; the fill is 1.5:1)
-    ax.plot(steps, stored, ":", color=PALETTE[2], lw=1.6, label="positions stored")
+    ax.fill_between(steps, 0, stored, color=PALETTE[0], alpha=0.2, lw=0)
+    # the pale area is named by its edge, drawn at full colour (3:1 on white; the fill is pale)
+    ax.plot(steps, stored, ":", color=PALETTE[0], lw=1.6, label="paged: positions stored")
+    ax.set_xlim(steps.min(), steps.max())
+    ax.set_ylim(0, None)
     ax.set_ylabel("KV cache (KiB)")
-    ax.set_xlabel("scheduler step")
-    ax.set_title("the same running batch, two ways to hold its keys and values", loc="left",
-                 fontsize=10)
+    ax.set_xlabel("scheduler step (paged run)")
+    ax.set_title("the paged run: its keys and values, held two ways", loc="left", fontsize=10)
+    legend_outside(ax, ncol=1)
+    r_steps = np.array([r.step for r in reserved.steps])
     bx.step(steps, [len(r.running) for r in paged.steps], where="mid", color=PALETTE[0],
             label="paged cache")
-    bx.step([r.step for r in reserved.steps], [len(r.running) for r in reserved.steps],
-            where="mid", color=PALETTE[1], ls="--", label="max_len reserved, same memory")
+    bx.step(r_steps, [len(r.running) for r in reserved.steps], where="mid", color=PALETTE[1],
+            ls="--", label="max_len reserved, same memory")
+    bx.set_xlim(0, max(steps.max(), r_steps.max()))
     bx.set_xlabel("scheduler step")
     bx.set_ylabel("sequences running")
-    figure_legend(fig, (ax, bx))
+    bx.set_title("two runs of the same requests", loc="left", fontsize=10)
+    legend_outside(bx)
     use, use_whole = stored.sum() / held.sum(), stored.sum() / whole.sum()
     runs = {}                                     # per run: (steps, mean and peak batch)
     for name, run in (("paged", paged), ("reserved", reserved)):

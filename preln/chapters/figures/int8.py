@@ -139,6 +139,8 @@ def plot_op_errors(ops, errors):
     ax.set_xticks(x, [OP_WORDS.get(op, op) for op in ops], rotation=35, ha="right")
     ax.set_yscale("log")
     log_ticks(ax, "y")
+    if min(ax.get_ylim()) < 1e-4:      # past 10⁻⁴ log_ticks turns to powers: all as powers
+        _powers_of_ten(ax, "y")
     ax.set_ylabel("relative error against float64")
     direct_labels(ax, pad_pt=6)
     err = np.array(list(errors.values()), dtype=float)            # (schemes, ops)
@@ -255,6 +257,21 @@ def plot_sweeps(thresholds, ppl_thr, frac_thr, alphas, ppl_alpha, ppl_float, ppl
     return set_alt(fig, short_alt(alt), description)
 
 
+def bits_colour(bits):
+    """The book's colour of weights stored in ``bits`` bits (viz.DTYPE_COLOURS): 16-bit weights in
+    float16's, 8-bit in int8's, 4-bit in int4's."""
+    return series_colour({16: "float16", 8: "int8", 4: "int4"}[int(bits)])
+
+
+def _powers_of_ten(ax, which="y"):
+    """Every label of a log axis as a power of ten, $10^{k}$ ($10^{0}$ for 1): one style on an
+    axis that spans from 1 down past 10⁻⁴ (log_ticks writes 0.001 but 10⁻⁵)."""
+    axis = ax.yaxis if which == "y" else ax.xaxis
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"$10^{{{round(np.log10(v))}}}$"
+                                           if v > 0 else ""))
+    return ax
+
+
 def plot_weight_bits_decode(model, roofs, batches, context, bits=(16, 8, 4), group_size=128):
     """Predicted decode throughput (tokens/s, the roofline's bound) of ``model`` against the batch
     size with its weights stored in 16, 8 and 4 bits, on each of ``roofs`` ({label: Roofline})."""
@@ -265,7 +282,8 @@ def plot_weight_bits_decode(model, roofs, batches, context, bits=(16, 8, 4), gro
     tps = {}                                                     # (roof label, bits) -> tokens/s per batch
     names = {}
     for ax, (label, roof) in zip(axes, roofs.items()):
-        for b, c, m in zip(bits, [BLUE, ORANGE, GREEN], "os^"):
+        for b, m in zip(bits, "os^"):
+            c = bits_colour(b)
             g = None if b >= 8 else group_size
             tps[label, b] = np.array([n / step_time(model, roof, n, 1, context, 2, b, g) for n in batches])
             names[b] = f"{b}-bit" + (f", g{g}" if g else "")
@@ -429,8 +447,8 @@ def plot_calibration(clips, errors, marks, bits):
     """
     fig = Figure(figsize=(COLUMN_IN - 0.2, 3.6))
     ax = fig.add_subplot()
-    for (label, err), c in zip(errors.items(), [BLUE, ORANGE]):
-        ax.plot(clips, err, "-", color=c, label=label)
+    for label, err in errors.items():       # "8-bit" in int8's colour, "4-bit" in int4's
+        ax.plot(clips, err, "-", color=bits_colour(label.split("-")[0]), label=label)
     ax.set_yscale("log")
     ax.set_xlabel(f"clip $c$ (the largest value kept), {bits}-bit symmetric grid")
     ax.set_ylabel("mean squared error")

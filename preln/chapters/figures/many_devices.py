@@ -166,7 +166,9 @@ def plot_schedule(p, m):
                         fontsize=9)
     ax.set_xlim(0, grid.shape[1])
     ax.set_ylim(0, p)
-    ax.set_yticks(np.arange(p) + 0.45, [f"stage {p - s}" for s in range(p)])
+    # stages from 0 (the chapter's stage s, holding p - s micro-batches in 1F1B), micro-batches
+    # and time steps from 1, as the pipeline diagram: micro-batch i reaches stage s at step i + s
+    ax.set_yticks(np.arange(p) + 0.45, [f"stage {p - 1 - s}" for s in range(p)])
     ax.set_xticks(np.arange(grid.shape[1]) + 0.47, [str(t + 1) for t in range(grid.shape[1])])
     ax.set_xlabel("time step")
     ax.set_ylabel("pipeline stage")
@@ -181,9 +183,9 @@ def plot_schedule(p, m):
            f"one stage per step; grey bubble {idle} of {steps} steps, {pct}.")
     description = (
         f"The forward pass of a GPipe schedule with {p} stages and {m} micro-batches, drawn as a grid of "
-        f"pipeline stage (stage 1 at the top) against time step 1 to {steps}; each cell is coloured and "
-        "numbered with the micro-batch the stage works on, grey where it idles. Micro-batch 1 starts on "
-        "stage 1 at step 1 and each micro-batch moves down one stage per step, so the coloured cells form "
+        f"pipeline stage (stage 0 at the top) against time step 1 to {steps}; each cell is coloured and "
+        f"numbered with the micro-batch the stage works on (1 to {m}), grey where it idles. Micro-batch 1 "
+        "starts on stage 0 at step 1 and each micro-batch moves down one stage per step, so the coloured cells form "
         f"a parallelogram of {m} cells per row"
         + (f", with grey idle cells in the top-right and bottom-left corners: {idle} of every {steps} steps, "
            f"{pct}, are the bubble." if idle else ", with no idle cell."))

@@ -183,8 +183,8 @@ EXPERIMENT = dict(recipe=dict(RECIPE), seeds=(0, 1, 2, 3, 4), eval_every=25, eva
 #: model name -> what it is; "gpt" is preln.models.pretrained's reference LM
 MODELS = {
     "gpt": "Pre-LN GPT-style (LayerNorm, GELU MLP, learned positions, biases)",
-    "llama": "Llama-style, MHA (RMSNorm, SwiGLU, RoPE, no biases; H_kv = H = 2)",
-    "llama_mqa": "Llama-style, MQA (as llama with H_kv = 1, a wider SwiGLU)",
+    "llama": "Llama-style, MHA (RMSNorm, SwiGLU, RoPE, no biases; Hₖᵥ = H = 2)",
+    "llama_mqa": "Llama-style, MQA (as llama with Hₖᵥ = 1, a wider SwiGLU)",
 }
 
 
@@ -276,7 +276,10 @@ def _smooth(y, k):
 
 
 LABELS = {"gpt": "GPT-style (Pre-LN)", "llama": "Llama-style", "llama_mqa": "Llama-style, MQA"}
-_STYLES = {"gpt": (VERMILLION, "-"), "llama": (BLUE, "-"), "llama_mqa": (GREEN, "--")}
+# each model in its colour (viz.MODEL_COLOURS): GPT-style blue (it is the Pre-LN block), Llama-style
+# reddish purple, Llama-style MQA green (dashed: it lies on the Llama-style curve)
+_STYLES = {"gpt": (series_colour("GPT-style"), "-"), "llama": (series_colour("Llama-style"), "-"),
+           "llama_mqa": (series_colour("Llama-style, MQA"), "--")}
 
 
 def plot_training_curves(window=25) -> Figure:
@@ -327,8 +330,8 @@ def training_curves_alt(window=25) -> str:
     return ("Two line charts over 500 training steps of three character language models of about "
             f"29 thousand parameters, five seeds each. Left, the training loss ({smooth}); right, "
             "the held-out perplexity every 25 steps on a log scale, mean over seeds with each seed "
-            "faint. The GPT-style model (vermillion) sits on a plateau between steps 50 and 200 that "
-            "both Llama-style models (blue, and green dashed for MQA) leave earlier; the two "
+            "faint. The GPT-style model (blue) sits on a plateau between steps 50 and 200 that "
+            "both Llama-style models (reddish purple, and green dashed for MQA) leave earlier; the two "
             "Llama-style curves lie on top of each other. " + "; ".join(parts) + ".")
 
 
@@ -366,7 +369,7 @@ def plot_loss_by_position(curves, trained_len=64) -> Figure:
     k = 4                                                        # a 4-position running mean
     # a model's curve in the model's colour (viz.MODEL_COLOURS); variants of one model (RoPE
     # scalings) in colours no model of the book uses, so no curve borrows another model's colour
-    variants = iter([(PALETTE[3], "-"), (PALETTE[5], "--"), (PALETTE[4], "-."), (PALETTE[7], ":")])
+    variants = iter([(PALETTE[3], "-"), (PALETTE[4], "--"), (PALETTE[6], "-."), (PALETTE[7], ":")])
     for label, y in curves.items():
         color, ls = (series_colour(label), "-") if series_name(label) else next(variants)
         ax.plot(np.arange(y.size - k + 1) + (k - 1) / 2, _smooth(y, k), color=color, ls=ls, label=label)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import math
+import textwrap
 
 import numpy as np
 from matplotlib.colors import BoundaryNorm, ListedColormap
@@ -52,6 +53,11 @@ def _under(fraction):
     return f"under {10.0 ** math.ceil(math.log10(100 * fraction)):g} %" if fraction > 0 else "at 0 %"
 
 
+#: monospace characters an output line holds at 1280 px: a printed table wider than this wraps its
+#: headers
+TEXT_COLUMNS = 79
+
+
 class Table:
     """A small table shown as HTML in a notebook and as aligned text elsewhere."""
 
@@ -77,7 +83,28 @@ class Table:
     def __repr__(self):
         cells = [self.columns] + [[str(v) for v in r] for r in self.rows]
         widths = [max(len(str(r[i])) for r in cells) for i in range(len(self.columns))]
-        lines = ["  ".join(str(v).rjust(w) for v, w in zip(r, widths)) for r in cells]
+        head = [[str(c)] for c in self.columns]
+        if sum(widths) + 2 * (len(widths) - 1) > TEXT_COLUMNS:
+            # wider than the output column: each header wraps between its words, down to the
+            # width of its column's values (or of its longest word)
+            widths = [max([len(w) for w in str(c).split()]
+                          + [len(str(r[i])) for r in self.rows]) for i, c in enumerate(self.columns)]
+            wrap = lambda i, w: textwrap.wrap(str(self.columns[i]), w) or [""]  # noqa: E731
+            # then the room left goes to the header with the most lines: just wide enough for one
+            # line fewer, while the table still fits
+            while True:
+                i = max(range(len(widths)), key=lambda i: len(wrap(i, widths[i])))
+                n, w = len(wrap(i, widths[i])), widths[i]
+                while len(wrap(i, w)) == n and n > 1:
+                    w += 1
+                if n == 1 or sum(widths) + w - widths[i] + 2 * (len(widths) - 1) > TEXT_COLUMNS:
+                    break
+                widths[i] = w
+            head = [wrap(i, widths[i]) for i in range(len(widths))]
+        depth = max(len(h) for h in head)
+        head = [[""] * (depth - len(h)) + h for h in head]      # a header's last line by its values
+        cells = [[h[k] for h in head] for k in range(depth)] + [[str(v) for v in r] for r in self.rows]
+        lines = ["  ".join(str(v).rjust(w) for v, w in zip(r, widths)).rstrip() for r in cells]
         return "\n".join(([self.caption] if self.caption else []) + lines)
 
 
@@ -130,7 +157,8 @@ def plot_softmax_overflow(t, naive, safe, threshold):
     ax.plot(t, safe, color=BLUE, label="subtract max (safe)")
     ax.plot(t[ok], naive[ok], color=VERMILLION, ls="--", label="no max subtraction (naive)")
     ax.axvline(threshold, color=BLACK, lw=1, ls=":")
-    ax.annotate(f"ln 65520 = {threshold:.4g}", (threshold, 0.5), xytext=(-4, 0),
+    top = round(math.exp(threshold))       # max + ulp/2 of the format: 65520 in float16
+    ax.annotate(f"$\\ln {top} = {threshold:.4g}$", (threshold, 0.5), xytext=(-4, 0),
                 textcoords="offset points", ha="right", va="center", fontsize=10)
     # the two curves coincide until the overflow: named together, under them, where no data is
     x_words = t.min() + 0.28 * (t.max() - t.min())
@@ -157,7 +185,7 @@ def plot_softmax_overflow(t, naive, safe, threshold):
            f"{naive_alt}.")
     description = (f"Softmax probability of the logit t in the row [t, 0], computed in float16, for {span}. "
                    f"With max-subtraction (solid blue) it rises smoothly {rise}. {naive_words} A dotted "
-                   f"vertical line marks ln 65520 = {threshold:.4g}.")
+                   f"vertical line marks ln {top} = {threshold:.4g}.")
     return set_alt(fig, short_alt(alt), description)
 
 
@@ -191,10 +219,10 @@ def plot_layernorm_thresholds(ds, empirical):
     closed = np.sqrt(65520.0 / np.array([min(ds), max(ds)], dtype=float))
     # the bisection stops at a float16 spacing, about 1e-3 of the value: say "on it" within 1 %
     on = "lie on it" if off < 0.01 else f"lie up to {off:.0%} off it"
-    alt = (f"Input rms at which a float16 LayerNorm overflows, D = {min(ds)} to {max(ds)}: sqrt(65520/D) "
+    alt = (f"Input rms at which a float16 LayerNorm overflows, D = {min(ds)} to {max(ds)}: √(65520/D) "
            f"falls from {closed[0]:.3g} to {closed[-1]:.3g}; the bisection points {on}.")
     description = (f"Input rms at which a float16 LayerNorm's sum of squares overflows, against the model "
-                   f"width D from {min(ds)} to {max(ds)} on a log2 axis. The closed-form curve sqrt(65520/D) "
+                   f"width D from {min(ds)} to {max(ds)} on a log2 axis. The closed-form curve √(65520/D) "
                    f"falls from {closed[0]:.3g} to {closed[-1]:.3g}, and the points found by bisection with "
                    f"the package's naive LayerNorm {on}: "
                    + ", ".join(f"{e:.3g} at D = {d}" for d, e in zip(ds, empirical))
@@ -249,7 +277,7 @@ def overflow_map_alt(dtype="float16", policy="naive", depth=1):
     return (f"Heat map of input rms (x, log scale 1 to 32768) against model width D = "
             f"{widths[0]} to {widths[-1]} (y) for a {dtype} Pre-LN stack with the {policy} policy, "
             f"after block {depth}: " + ("; ".join(parts) if parts else "finite everywhere")
-            + ". The dashed diagonal marks sqrt(65520/D).")
+            + ". The dashed diagonal marks √(65520/D).")
 
 
 def plot_stream_growth(curves, widths, xavier=None):

@@ -10,12 +10,12 @@ import json
 import matplotlib.pyplot as plt
 import numpy as np
 
-from preln.chapters.viz import COLUMN_IN, PALETTE, control, direct_labels, legend_outside
+from preln.chapters.viz import COLUMN_IN, control, direct_labels, legend_outside, series_colour
 from preln.chapters.xiong import DATA_DIR, PAPER_FIG3A, fit_exponent, lemma2_bounds
 from preln.nb import fixed, listed, set_alt, short_alt, sig
 
 SWEEP_DIR = DATA_DIR / "preln_vs_postln"
-PRE, POST = PALETTE[0], PALETTE[1]            # blue: Pre-LN, vermillion: Post-LN
+PRE, POST = series_colour("Pre-LN"), series_colour("Post-LN")   # blue, vermillion
 STYLE = {(True, True): dict(color=PRE, ls="-"), (True, False): dict(color=PRE, ls="--"),
          (False, True): dict(color=POST, ls="-"), (False, False): dict(color=POST, ls="--")}
 
@@ -177,26 +177,29 @@ def plot_theorem1(depths, pre, post, fits, batch_pre=None, batch_post=None):
 
 def plot_fig3a(theory_pre, theory_post, lm_pre, lm_post):
     """Per-layer ||dL/dW1||_F at initialisation: the paper's (approximate), theory setting, our LM."""
-    fig, axes = plt.subplots(1, 3, figsize=(9.5, 3.4), sharex=True)
-    panels = (("Xiong et al. Fig. 3(a)\n(IWSLT, $d = 512$; approximate)", PAPER_FIG3A["pre"], PAPER_FIG3A["post"]),
-              ("theory setting\n(Gaussian inputs, $d = 64$)", theory_pre, theory_post),
-              ("our tiny LM at init\n(corpus, $d = 64$)", lm_pre, lm_post))
+    # three panels stacked at the column's width, one x axis: the layer
+    fig, axes = plt.subplots(3, 1, figsize=(COLUMN_IN - 0.2, 8.2),
+                             layout="constrained")
+    panels = (("Xiong et al. Fig. 3(a): IWSLT, $d = 512$ (approximate)", PAPER_FIG3A["pre"], PAPER_FIG3A["post"]),
+              ("theory setting: Gaussian inputs, $d = 64$", theory_pre, theory_post),
+              ("our tiny LM at initialisation: corpus, $d = 64$", lm_pre, lm_post))
     for ax, (title, pre, post) in zip(axes, panels):
         layers = np.arange(1, len(pre) + 1)
         ax.plot(layers, pre, "o-", color=PRE, label="Pre-LN")
         ax.plot(layers, post, "s--", color=POST, label="Post-LN")
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("layer")
+        ax.set_title(title, fontsize=11)
         ax.set_ylim(bottom=0)
-    axes[0].set_ylabel(r"$\|\nabla_{W^1}\mathcal{L}\|_F$")
-    axes[0].legend()
+        ax.set_xlim(0.7, len(pre) + 1.4)      # room for the direct labels
+        ax.set_xlabel("layer")
+        direct_labels(ax)
+    axes[1].set_ylabel(r"$\|\nabla_{W^1}\mathcal{L}\|_F$")
     names = ("Xiong et al.'s Figure 3(a), read off the paper (IWSLT, d = 512; approximate)",
              "the theory setting (Gaussian inputs, d = 64)",
              "our tiny language model at initialisation (corpus, d = 64)")
     ratios = [(last_over_first(pre), last_over_first(post)) for _, pre, post in panels]
     alt = (f"W1 gradient norm per layer at init, paper / theory / our LM: last layer over first "
            f"{', '.join(sig(r[1]) for r in ratios)} for Post-LN; {', '.join(sig(r[0]) for r in ratios)} for Pre-LN.")
-    description = (f"Three panels of the W1 gradient norm ‖∇W1 L‖_F per layer at initialisation, layers 1 to "
+    description = (f"Three panels, one above another, of the W1 gradient norm ‖∇W1 L‖_F per layer at initialisation, layers 1 to "
                    f"{len(theory_pre)}. " + " ".join(
                        f"{where[0].upper() + where[1:]}: Pre-LN from {sig(pre[0])} at layer 1 to {sig(pre[-1])} "
                        f"at layer {len(pre)} ({sig(r_pre)} times), Post-LN from {sig(post[0])} to {sig(post[-1])} "
@@ -208,7 +211,8 @@ def plot_fig3a(theory_pre, theory_post, lm_pre, lm_post):
 def plot_theory_grid(depth, width):
     """Explorable: per-layer ||dL/dW1|| and ||dL/dW2|| at init, Pre-LN vs Post-LN (stored data)."""
     grid = load_theory()["grid"]
-    fig, axes = plt.subplots(1, 2, figsize=(8.5, 3.4))
+    # two panels stacked at the column's width (W1 above W2), one x axis: the layer
+    fig, axes = plt.subplots(2, 1, figsize=(COLUMN_IN, 6.4))
     for norm_first in (True, False):
         g = grid[f"{'pre' if norm_first else 'post'}/{depth}/{width}"]
         layers = np.arange(1, depth + 1)
@@ -216,10 +220,11 @@ def plot_theory_grid(depth, width):
             ax.plot(layers, g[key], "o-" if norm_first else "s--", ms=4,
                     color=PRE if norm_first else POST, label=_name(norm_first))
     for ax, w in zip(axes, ("W^1", "W^2")):
-        ax.set_xlabel("layer $l$")
         ax.set_ylabel(rf"$\|\partial \mathcal{{L}}/\partial {w}_l\|_F$")
         ax.set_ylim(bottom=0)
-    axes[0].legend()
+        ax.set_xlim(0.5, depth + 0.25 * depth + 1)     # room for the direct labels
+        ax.set_xlabel("layer $l$")
+        direct_labels(ax)
     fig.suptitle(f"gradient norms at initialisation, $L = {depth}$ layers, width $d = {width}$", fontsize=11)
     return fig
 
@@ -228,7 +233,7 @@ def alt_theory_grid(depth, width):
     grid = load_theory()["grid"]
     pre = grid[f"pre/{depth}/{width}"]["linear1.weight"]
     post = grid[f"post/{depth}/{width}"]["linear1.weight"]
-    return (f"Two panels of gradient norms per layer at initialisation for a {depth}-layer stack of "
+    return (f"Two panels, one above the other, of gradient norms per layer at initialisation for a {depth}-layer stack of "
             f"width {width} in Xiong et al.'s theory setting. Pre-LN's W1 gradient goes from "
             f"{pre[0]:.2f} at layer 1 to {pre[-1]:.2f} at layer {depth}; Post-LN's from {post[0]:.2f} "
             f"to {post[-1]:.2f}, growing towards the output.")

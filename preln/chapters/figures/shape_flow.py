@@ -13,7 +13,8 @@ import numpy as np
 
 from preln.nn.config import BlockConfig
 from preln.chapters.shapes import closed_form_flops, format_bytes, format_count, shape_flow
-from preln.chapters.viz import COLUMN_IN, PALETTE, control, direct_labels, legend_outside
+from preln.chapters.viz import (COLUMN_IN, PALETTE, control, direct_labels, figure_legend, legend_outside,
+                               log_ticks)
 from preln.nb import set_alt, short_alt
 
 __all__ = ["EXPLORABLES", "plot_ops", "ops_alt", "plot_flops_split", "flops_split_alt",
@@ -199,6 +200,13 @@ def _nowrap(text):
     return f"<span style='white-space:nowrap'>{text}</span>"
 
 
+def _typeset(text):
+    """An equation or array name of shapes.OpRow in the book's notation, as the shape-flow diagram
+    writes it (Wᵢₙᵀ, √dₕ, h₁), and Φ(u) for Phi(u): no ASCII math in a table."""
+    from preln.chapters.diagrams import pretty
+    return pretty(str(text).replace("Phi(u)", "Φ(u)"))
+
+
 def shape_table_html(flow):
     """An HTML table of a :class:`preln.chapters.shapes.ShapeFlow`: one row per op, then the totals.
 
@@ -223,14 +231,14 @@ def shape_table_html(flow):
     body = []
     for r in flow.rows:
         out_dt = "" if r.out_dtype == flow.dtype else f" {r.out_dtype.name}"
-        writes = "<br>".join(f"{e(n)} {_shape(s)}{out_dt}" for n, s in r.outputs)
+        writes = "<br>".join(f"{e(_typeset(n))} {_shape(s)}{out_dt}" for n, s in r.outputs)
         if r.out_bytes == 0 and r.outputs:
             writes += " <em>(views)</em>" if len(r.outputs) > 1 else " <em>(view)</em>"
-        kept = "<br>".join(f"{e(n)} {_nowrap(_shape(s))}" + ("" if np.dtype(d) == flow.dtype
+        kept = "<br>".join(f"{e(_typeset(n))} {_nowrap(_shape(s))}" + ("" if np.dtype(d) == flow.dtype
                                                      else f" {np.dtype(d).name}")
                            for n, s, d in r.kept) or "&mdash;"
         body.append("<tr>" + "".join([
-            rh(f"<code>{e(r.name)}</code><br>{e(r.equation)}"), td(writes),
+            rh(f"<code>{e(r.name)}</code><br>{e(_typeset(r.equation))}"), td(writes),
             td(format_count(r.flops), True), td(format_bytes(r.out_bytes), True),
             td(format_bytes(r.kept_bytes), True), f"<td style='{_TDW}'>{kept}</td>"]) + "</tr>")
     t = flow.totals
@@ -282,7 +290,7 @@ def backward_table_html(flow):
 
 def kept_per_token_html(kept, dtype_name="float32"):
     """The list of :func:`preln.chapters.shapes.kept_bytes_per_token`: op, array, bytes per token; total."""
-    rows = [[op, name, b] for op, name, b in kept]
+    rows = [[op, _typeset(name), b] for op, name, b in kept]
     rows.append(["total", "c", sum(b for _, _, b in kept)])
     return _simple_table(["kept by", "array", "bytes per token"], rows,
                          f"What the backward keeps per token besides p ({dtype_name} block)",
@@ -325,31 +333,40 @@ def _size_ticks(ax, sizes):
 
 def plot_flops_vs_size(sizes_S, flops_S, fit_S, sizes_D, flops_D, fit_D, S_fixed, D_fixed):
     """Counted FLOPs against S (fixed D) and against D (fixed S), with the fitted power laws."""
-    fig, (ax_s, ax_d) = _figure((COLUMN_IN - 0.2, 3.6), 1, 2)
+    fig, (ax_s, ax_d) = _figure((COLUMN_IN - 0.2, 4.4), 1, 2)
     for ax, x, y, fit, label, fixed in ((ax_s, sizes_S, flops_S, fit_S, "S", f"$D = {D_fixed}$"),
                                         (ax_d, sizes_D, flops_D, fit_D, "D", f"$S = {S_fixed}$")):
-        ax.loglog(x, y, "o", color=PALETTE[0], label="sum of the rows")
-        ax.loglog(x, fit(x), "-", color=PALETTE[1], lw=1.5,
-                  label=f"fit $\\propto {label}^{{{fit.exponent:.2f}}}$")
+        ax.loglog(x, y, "o", color=PALETTE[0], label="sum of the op table's rows")
+        _fit_line(ax, x, fit, label, fit.exponent)
         _size_axes(ax, x, label, "forward FLOPs", f"growing ${label}$, {fixed}, $B = 1$")
+    figure_legend(fig, (ax_s, ax_d))
     alt = (f"Counted forward FLOPs, log-log, with fitted power laws: slope {fit_S.exponent:.2f} against S "
            f"(D = {D_fixed}), {fit_D.exponent:.2f} against D (S = {S_fixed}).")
     return set_alt(fig, short_alt(alt))
 
 
+def _fit_line(ax, x, fit, label, exponent):
+    """The fitted power law ``fit`` (a function of x), its ``exponent`` written above-left of
+    the line's middle, where no point lies; the legend names the line once for both panels."""
+    ax.loglog(x, fit(x), "-", color=PALETTE[1], lw=1.5, label="power-law fit")
+    mid = float(np.sqrt(x[0] * x[-1]))
+    ax.annotate(f"$\\propto {label}^{{{exponent:.2f}}}$", (mid, float(fit(mid))), xytext=(-6, 6),
+                textcoords="offset points", ha="right", va="bottom", color=PALETTE[1])
+
+
 def _size_axes(ax, x, label, ylabel, title):
-    """The ticks, labels, title and legend of a log-log plot against S or D."""
+    """The ticks, labels and title of a log-log plot against S or D."""
     _size_ticks(ax, x)
     ax.set_xlabel(f"{'sequence length' if label == 'S' else 'model width'} ${label}$")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.legend()
+    log_ticks(ax, "y")                     # at least three labelled ticks
 
 
 def plot_timings(sizes_S, times_S, fit_S, sizes_D, times_D, fit_D, S_fixed, D_fixed, fit_mask_S=None,
                  fit_mask_D=None, B_S=1, B_D=1):
     """Measured forward times against S and D, log-log, with the fitted slopes."""
-    fig, (ax_s, ax_d) = _figure((COLUMN_IN - 0.2, 3.6), 1, 2)
+    fig, (ax_s, ax_d) = _figure((COLUMN_IN - 0.2, 4.4), 1, 2)
     for ax, x, t, fit, mask, label, fixed in (
             (ax_s, sizes_S, times_S, fit_S, fit_mask_S, "S", f"$D = {D_fixed}$, $B = {B_S}$"),
             (ax_d, sizes_D, times_D, fit_D, fit_mask_D, "D", f"$S = {S_fixed}$, $B = {B_D}$")):
@@ -359,10 +376,9 @@ def plot_timings(sizes_S, times_S, fit_S, sizes_D, times_D, fit_D, S_fixed, D_fi
         if (~mask).any():
             ax.loglog(x[~mask], 1e3 * t[~mask], "o", mfc="none", color=PALETTE[0],
                       label="measured (not fitted)")
-        xs = x[mask]
-        ax.loglog(xs, 1e3 * fit(xs), "-", color=PALETTE[1], lw=1.5,
-                  label=f"fit $\\propto {label}^{{{fit.exponent:.2f}}}$")
+        _fit_line(ax, x[mask], lambda v, fit=fit: 1e3 * fit(v), label, fit.exponent)
         _size_axes(ax, x, label, "forward CPU time (ms)", f"growing ${label}$, {fixed}")
+    figure_legend(fig, (ax_s, ax_d), ncol=3)
     alt = (f"Measured forward CPU time, log-log, with fitted power laws: slope {fit_S.exponent:.2f} against S "
            f"(D = {D_fixed}), {fit_D.exponent:.2f} against D (S = {S_fixed}).")
     description = (f"Against S: {1e3 * min(times_S):.3g} to {1e3 * max(times_S):.3g} ms. "
