@@ -268,3 +268,41 @@ def test_every_stored_figure_meets_the_standard():
     assert n > 40, n
     assert unchecked == [], "figures stored without the standard's record: re-execute (make notebooks)"
     assert found == {}
+
+
+def test_typeset_text_reads_as_the_typeset_label():
+    """Alt text, aria labels and live regions carry the ASCII math of a label typeset in characters
+    (viz.typeset_text), as the page shows it; a subscript Unicode lacks stays as written."""
+    from preln.chapters.viz import typeset_text
+
+    assert typeset_text("Head width d_h = 64, W_in") == "Head width d\u2095 = 64, W\u1d62\u2099"
+    assert typeset_text("eps = 1e-05, 2.5e-3") == "eps = 10\u207b\u2075, 2.5\u00d710\u207b\u00b3"
+    assert typeset_text("sqrt((D-1)/D), -3") == "\u221a((D\u22121)/D), \u22123"
+    for plain in ("rms(x_L)", "n_kv_heads", "Pre-LN vs Post-LN", "GPT-2"):
+        assert typeset_text(plain) == plain
+
+
+def test_every_stored_description_is_typeset():
+    """No stored figure's or explorable's alt text, description, settings or button label keeps ASCII
+    math that viz.typeset_text would typeset (d_h, 1e-05, sqrt(...), a hyphen for a minus)."""
+    import html
+    import json
+    import re
+    from pathlib import Path
+
+    from preln.chapters.viz import typeset_text
+
+    book = Path(__file__).resolve().parents[1] / "book"
+    texts = re.compile(r'\balt="([^"]+)"|<p id="preln-[^"]*">([^<]*)</p>|aria-label="([^"]*)"'
+                       r'|preln-explorable-settings">([^<]*)<')
+    untypeset, n = [], 0
+    for path in sorted(book.glob("*.ipynb")):
+        for i, cell in enumerate(json.loads(path.read_text(encoding="utf-8"))["cells"]):
+            for out in cell.get("outputs", []):
+                for m in texts.finditer("".join(out.get("data", {}).get("text/html", ""))):
+                    text = html.unescape(next(g for g in m.groups() if g is not None))
+                    n += 1
+                    if typeset_text(text) != text:
+                        untypeset.append(f"{path.stem} cell {i}: {text[:80]}")
+    assert n > 100, n
+    assert untypeset == [], "re-execute (make notebooks): " + "; ".join(untypeset[:5])

@@ -1146,8 +1146,8 @@ def _gguf_alt():
     return (f"Diagram: a Q8_0 block of {BLOCK_BYTES['Q8_0']} bytes (a float16 scale and {n} int8 "
             f"codes) and a Q4_1 block of {BLOCK_BYTES['Q4_1']} bytes (a float16 scale and minimum, "
             f"then {n // 2} bytes holding two 4-bit codes each, the low nibble for weight j and the "
-            f"high nibble for weight j + {n // 2}); below, one head's q or k rows (d_h = "
-            f"{PERMUTE_D_HEAD}) in transformers' order and in the GGUF file's order.")
+            f"high nibble for weight j + {n // 2}); below, the q or k rows of one head of width "
+            f"{PERMUTE_D_HEAD} in transformers' order and in the GGUF file's order.")
 
 
 def _int8_alt():

@@ -642,6 +642,10 @@ def figure_bundle(fig, include=None, exclude=None):
     from preln.nb import FIGURE_COLORS
     from preln.nb import figure_bundle as light_bundle
 
+    from preln.nb import describe, set_alt
+
+    alt, description = describe(fig)             # the alt and description read as typeset text
+    set_alt(fig, typeset_text(alt), description and typeset_text(description))
     data, metadata = light_bundle(fig, include, exclude)
     dark = base64.b64encode(dark_png(fig, colors=FIGURE_COLORS)).decode()
     data["text/html"] += (f'<img class="{DARK_IMG_CLASS}" hidden="hidden" alt="" '
@@ -716,28 +720,48 @@ _SUBSCRIPT = re.compile(r"(?<![\w\\])([A-Za-z])_([A-Za-z0-9]{1,3})(?!\w)")
 _SUBSCRIPTS = dict(zip("0123456789aehijklmnoprstuvx", "₀₁₂₃₄₅₆₇₈₉ₐₑₕᵢⱼₖₗₘₙₒₚᵣₛₜᵤᵥₓ"))
 
 
-def typeset_html(text: str) -> str:
-    """``text`` HTML-escaped, with its ASCII math typeset: ``1e-05`` as 10<sup>−5</sup>, ``sqrt(x)``
-    as √x (√(...) around more than one term), a one-letter name with a subscript (``x_L``,
-    ``d_h``) as x<sub>L</sub>, and a hyphen used as a minus (``-3``, ``a - b``, ``D-1``) as the
-    Unicode minus. Code names with several underscores (``n_kv_heads``) are left alone."""
+_SUPERSCRIPTS = dict(zip("0123456789\u2212", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻"))
+
+
+def _typeset(text: str, as_html: bool) -> str:
     def e_notation(m):
         mant, sign, exp = m.group(1), "\u2212" if m.group(2) == "-" else "", m.group(3)
-        power = f"10<sup>{sign}{exp}</sup>"
+        power = (f"10<sup>{sign}{exp}</sup>" if as_html
+                 else "10" + "".join(_SUPERSCRIPTS[c] for c in sign + exp))
         return power if float(mant) == 1 else f"{mant}\u00d7{power}"
 
     def sqrt(m):
         inner = m.group(1)
         return f"\u221a{inner}" if re.fullmatch(r"\w+", inner) else f"\u221a({inner})"
 
-    out = html.escape(text)
+    def subscript(m):
+        if set(m.group(2)) <= set(_SUBSCRIPTS):
+            sub = "".join(_SUBSCRIPTS[c] for c in m.group(2))
+            return f"<i>{m.group(1)}</i>{sub}" if as_html else m.group(1) + sub
+        return f"<i>{m.group(1)}</i><sub>{m.group(2)}</sub>" if as_html else m.group(0)
+
+    out = html.escape(text) if as_html else text
     out = _E_NOTATION.sub(e_notation, out)
     out = _SQRT.sub(sqrt, out)
-    out = _SUBSCRIPT.sub(lambda m: f"<i>{m.group(1)}</i>" + (
-        "".join(_SUBSCRIPTS[c] for c in m.group(2)) if set(m.group(2)) <= set(_SUBSCRIPTS)
-        else f"<sub>{m.group(2)}</sub>"), out)
+    out = _SUBSCRIPT.sub(subscript, out)
     out = re.sub(r"(?<![\w-])([A-Za-z])-(\d)", "\\1\u2212\\2", out)    # D-1
     return re.sub(r"(?<![\w-])-(?=[\d(])|(?<=\s)-(?=\s)", "\u2212", out)
+
+
+def typeset_html(text: str) -> str:
+    """``text`` HTML-escaped, with its ASCII math typeset: ``1e-05`` as 10<sup>−5</sup>, ``sqrt(x)``
+    as √x (√(...) around more than one term), a one-letter name with a subscript (``x_L``,
+    ``d_h``) as x<sub>L</sub>, and a hyphen used as a minus (``-3``, ``a - b``, ``D-1``) as the
+    Unicode minus. Code names with several underscores (``n_kv_heads``) are left alone."""
+    return _typeset(text, as_html=True)
+
+
+def typeset_text(text: str) -> str:
+    """``text`` as plain text with its ASCII math typeset as typeset_html does, in characters
+    only (for alt text, aria labels, live regions): 10⁻⁵, √x, dₕ, the Unicode minus. A subscript
+    Unicode has no characters for (``x_L``) stays as written, which reads less ambiguously than
+    ``xL``."""
+    return _typeset(text, as_html=False)
 
 
 def has_colour_scale(fig) -> bool:
@@ -907,7 +931,7 @@ class Explorable:
             png, seconds = self._render(kwargs)
             self.frames[idx] = png
             self.timings[tuple(kwargs.values())] = seconds
-            self.alts[idx] = self._alt_text(kwargs)
+            self.alts[idx] = typeset_text(self._alt_text(kwargs))
             self.summaries[idx] = self._summary(kwargs, self.alts[idx], summary)
 
         # The id depends on what the figure says (title, controls, alt texts), not on its pixels,
@@ -951,7 +975,7 @@ class Explorable:
         return f"{self.alt.strip()} ({settings})"
 
     def _settings(self, kwargs: Mapping[str, Any]) -> str:
-        return ", ".join(f"{lab} = {_label(v)}" for lab, v in zip(self.labels, kwargs.values()))
+        return typeset_text(", ".join(f"{lab} = {_label(v)}" for lab, v in zip(self.labels, kwargs.values())))
 
     def _summary(self, kwargs: Mapping[str, Any], alt: str, summary: Callable[..., str] | None) -> str:
         """What the live region says of a frame: ``summary(**values)`` (the result, with its key
@@ -1020,7 +1044,7 @@ class Explorable:
                     # step and play through the ordered values (the script hides play where the
                     # reader asked for reduced motion)
                     + "".join(f'<button type="button" class="preln-explorable-button" data-preln-{act}="{c}" '
-                              f'aria-controls="{frame_id}" aria-label="{e(name)} {e(label)}"{extra}>'
+                              f'aria-controls="{frame_id}" aria-label="{e(name)} {e(typeset_text(label))}"{extra}>'
                               f'<span aria-hidden="true">{glyph}</span></button>'
                               for act, name, glyph, extra in STEP_BUTTONS)
                     + '</span>'
@@ -1062,7 +1086,7 @@ class Explorable:
         # announced politely after a move (never on load: it starts empty)
         parts.append('<p class="preln-explorable-status" role="status" aria-atomic="true"></p>')
         # the live region names a moved control as its label reads on the page (typeset)
-        names = [html.unescape(re.sub(r"<[^>]+>", "", typeset_html(label))) for label in self.labels]
+        names = [typeset_text(label) for label in self.labels]
         data = {"names": names, "labels": shown, "play_ms": round(1000 * PLAY_SECONDS),
                 "values": [[_number(v) if _is_numeric(vals) else None for v in vals] for vals in self.values],
                 "frames": {",".join(map(str, k)): [_data_uri(v), short_alt(self.alts[k]), self.summaries[k],
