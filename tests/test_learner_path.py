@@ -128,6 +128,9 @@ def test_the_map_shows_every_chapter_with_a_time_and_both_paths():
     rows = m.chapter_rows(ROOT, CORE)
     shown = [c["name"] for _, cs in rows for c in cs]
     assert shown == CHAPTERS, "the map lists the chapters of _toc.yml, in order, once each"
+    # numbered as the sidebar numbers them, across the parts
+    assert [c["title"].split(". ", 1)[0] for _, cs in rows for c in cs] == \
+        [str(k) for k in range(1, len(CHAPTERS) + 1)]
     assert [cap for cap, _ in rows] == [p["caption"] for p in TOC["parts"]][:len(rows)]
     assert all(c["minutes"] >= m.ROUND_MIN and c["minutes"] % m.ROUND_MIN == 0 for _, cs in rows for c in cs)
     svg = m.chapter_map_svg(ROOT, CORE)
@@ -157,6 +160,11 @@ def test_the_map_reads_on_a_phone():
         extent = (float(x) - text_width(words, size) if "text-anchor=\"end\"" in attrs
                   else float(x) + text_width(words, size, "bold" in attrs))
         assert 0 <= extent <= m.WIDTH, f"{words!r} runs out of the {m.WIDTH} px map"
+        if "text-anchor" not in attrs and not words.isupper() and float(x) == m.TEXT_X:
+            # a chapter's title stops short of the times column (bold titles measured bold)
+            times_left = m.WIDTH - 8 - max(text_width(f"{c['minutes']} min", m.FONT)
+                                           for _, cs in m.chapter_rows(ROOT, CORE) for c in cs)
+            assert extent <= times_left, f"{words!r} runs into the reading times"
     intro = (ROOT / "book" / "intro.md").read_text()
     assert f":width: {m.WIDTH}px" in intro, "the intro shows the map at its own width"
 

@@ -86,18 +86,25 @@ def hours(minutes: int) -> str:
 
 
 def chapter_rows(root: Path, core):
-    """[(caption, [dict(name, title, minutes, core), ...]), ...]: what the map shows."""
-    return [(caption, [dict(name=n, title=t or notebook_title(root, n), core=n in core,
-                            minutes=reading_minutes(root, n, first_pass=n in core)) for n, t in entries])
-            for caption, entries in toc_parts(root)]
+    """[(caption, [dict(name, title, minutes, core), ...]), ...]: what the map shows. A title is
+    numbered as the sidebar numbers it ("1. Build and train the block"), counting across parts."""
+    parts, number = [], 0
+    for caption, entries in toc_parts(root):
+        rows = []
+        for n, t in entries:
+            number += 1
+            rows.append(dict(name=n, title=f"{number}. {t or notebook_title(root, n)}", core=n in core,
+                             minutes=reading_minutes(root, n, first_pass=n in core)))
+        parts.append((caption, rows))
+    return parts
 
 
-def wrap(words: str, width: float, size: float) -> list[str]:
+def wrap(words: str, width: float, size: float, bold: bool = False) -> list[str]:
     """``words`` broken into lines of at most ``width`` px at font ``size`` (greedy, at spaces)."""
     lines = [""]
     for word in words.split():
         trial = f"{lines[-1]} {word}".strip()
-        if lines[-1] and text_width(trial, size) > width:
+        if lines[-1] and text_width(trial, size, bold) > width:
             lines.append(word)
         else:
             lines[-1] = trial
@@ -125,7 +132,7 @@ def chapter_map_svg(root: Path, core, mode: str = "light") -> str:
         out.append(f'<text x="{TEXT_X}" y="{y}" font-weight="bold" font-size="{CAPTION_FONT}" '
                    f'letter-spacing="1" fill="{core_colour}">{escape(caption.upper())}</text>')
         for c in cs:
-            lines = wrap(c["title"], title_w, FONT)
+            lines = wrap(c["title"], title_w, FONT, bold=c["core"])     # core titles are bold
             y += LINE + (GAP if c is cs[0] else 7)
             ys[c["name"]] = y - 5                                  # the dot: by the first line
             colour = ink if c["core"] else muted
