@@ -639,10 +639,8 @@ DARK_IMG_CLASS = "preln-figure-dark"
 def figure_bundle(fig, include=None, exclude=None):
     """preln.nb.figure_bundle's 2x PNG and HTML copy, with the dark variant added to the HTML copy
     as a hidden <img> (JupyterLab shows the light one; the site shows each in its mode)."""
-    from preln.nb import FIGURE_COLORS
+    from preln.nb import FIGURE_COLORS, describe, set_alt
     from preln.nb import figure_bundle as light_bundle
-
-    from preln.nb import describe, set_alt
 
     alt, description = describe(fig)             # the alt and description read as typeset text
     set_alt(fig, typeset_text(alt), description and typeset_text(description))

@@ -223,8 +223,8 @@ def plot_attention_io(panels):
     def k(fit):                       # two decimals, as the legend; a Unicode minus, no "−0.00"
         return fixed(fit.exponent)
 
-    def plain(text):                  # the words of a mathtext label: "$d_h$" read as "dₕ"
-        return text.replace("$d_h$", "dₕ").replace("$", "")
+    def plain(text):                  # the words of a mathtext label (figure_bundle typesets d_h)
+        return text.replace("$", "")
 
     slopes = "; ".join(f"{plain(p[0]).split(' (')[0].split()[-1]} {k(p[4])} and {k(p[5])}"
                        for p in panels)

@@ -19,7 +19,7 @@ from matplotlib.patches import Patch
 from preln.chapters import numerics
 from preln.chapters.viz import (COLUMN_IN, OKABE_ITO, PALETTE, control, direct_labels,
                                 series_colour, table_caption, tex_number)
-from preln.nb import listed, set_alt, short_alt, sig
+from preln.nb import OUTPUT_COLUMNS, listed, set_alt, short_alt, sig
 
 __all__ = ["Table", "dtype_colour", "plot_number_line", "plot_softmax_overflow", "plot_layernorm_thresholds",
            "plot_overflow_map", "overflow_map_alt", "plot_stream_growth", "plot_loss_scale_window",
@@ -53,11 +53,6 @@ def _under(fraction):
     return f"under {10.0 ** math.ceil(math.log10(100 * fraction)):g} %" if fraction > 0 else "at 0 %"
 
 
-#: monospace characters an output line holds at 1280 px: a printed table wider than this wraps its
-#: headers
-TEXT_COLUMNS = 79
-
-
 class Table:
     """A small table shown as HTML in a notebook and as aligned text elsewhere."""
 
@@ -84,7 +79,7 @@ class Table:
         cells = [self.columns] + [[str(v) for v in r] for r in self.rows]
         widths = [max(len(str(r[i])) for r in cells) for i in range(len(self.columns))]
         head = [[str(c)] for c in self.columns]
-        if sum(widths) + 2 * (len(widths) - 1) > TEXT_COLUMNS:
+        if sum(widths) + 2 * (len(widths) - 1) > OUTPUT_COLUMNS:
             # wider than the output column: each header wraps between its words, down to the
             # width of its column's values (or of its longest word)
             widths = [max([len(w) for w in str(c).split()]
@@ -97,7 +92,7 @@ class Table:
                 n, w = len(wrap(i, widths[i])), widths[i]
                 while len(wrap(i, w)) == n and n > 1:
                     w += 1
-                if n == 1 or sum(widths) + w - widths[i] + 2 * (len(widths) - 1) > TEXT_COLUMNS:
+                if n == 1 or sum(widths) + w - widths[i] + 2 * (len(widths) - 1) > OUTPUT_COLUMNS:
                     break
                 widths[i] = w
             head = [wrap(i, widths[i]) for i in range(len(widths))]
